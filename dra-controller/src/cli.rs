@@ -1,0 +1,29 @@
+//! Command-line entry: one subcommand per job; each module owns its own argument struct.
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "dra-controller", version, about = "gpu.nvidia.com DRA controller and local simulator")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the cluster controller (DeviceClasses, GPUCluster, migration pool, ComputeDomains).
+    Run(crate::controller::RunArgs),
+    /// Evaluate a CEL device selector against devices, exactly as the scheduler would.
+    Eval(crate::sim::EvalArgs),
+    /// Show which devices the scheduler would allocate to claims, or why it cannot.
+    Simulate(crate::sim::SimulateArgs),
+}
+
+impl Cli {
+    pub async fn run(self) -> anyhow::Result<()> {
+        match self.command {
+            Command::Run(args) => crate::controller::run(args).await,
+            Command::Eval(args) => crate::sim::eval(args).await,
+            Command::Simulate(args) => crate::sim::simulate(args).await,
+        }
+    }
+}

@@ -1,0 +1,15 @@
+//! The local simulator: CEL environment, structured allocator, CLI. Filled in by the simulator issue.
+
+#[derive(clap::Args, Debug)]
+pub struct EvalArgs {}
+
+#[derive(clap::Args, Debug)]
+pub struct SimulateArgs {}
+
+pub async fn eval(_args: EvalArgs) -> anyhow::Result<()> {
+    anyhow::bail!("eval is not implemented yet")
+}
+
+pub async fn simulate(_args: SimulateArgs) -> anyhow::Result<()> {
+    anyhow::bail!("simulate is not implemented yet")
+}
