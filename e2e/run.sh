@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# End-to-end tests against a real control plane (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler) with dra-plugin processes per node and a kubelet-role harness (crate `e2e`).
+#
+#   bash e2e/run.sh [FILTER]    build what is needed, start the cluster, run the scenarios whose test
+#                               name contains FILTER (e.g. s3, s7_many_pods), tear everything down.
+#   E2E_KEEP=1 bash e2e/run.sh [FILTER]
+#                               same, but keep the cluster up afterwards (prints the kubeconfig path)
+#                               until Ctrl-C.
+#   bash e2e/run.sh --up        only start the cluster and keep it up (no tests).
+#
+# Environment: E2E_CACHE (binary cache, default ~/.cache/gpu-dra-e2e), E2E_LOGS (where logs of a failed
+# run are kept, default /tmp/gpu-dra-e2e-logs), CARGO_PROFILE_FLAGS (e.g. --release).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+FILTER="${1:-}"
+UP_ONLY=false
+if [ "$FILTER" = "--up" ]; then UP_ONLY=true; FILTER=""; E2E_KEEP=1; fi
+KEEP="${E2E_KEEP:-0}"
+LOGS_ROOT="${E2E_LOGS:-/tmp/gpu-dra-e2e-logs}"
+t0=$SECONDS
+
+echo "== control-plane binaries"
+bstart=$SECONDS
+BIN="$(bash e2e/controlplane/build.sh | tail -n 1)"
+echo "   ($(( SECONDS - bstart ))s)"
+
+echo "== building dra-plugin and the e2e harness"
+bstart=$SECONDS
+# shellcheck disable=SC2086
+cargo build ${CARGO_PROFILE_FLAGS:-} -p dra-plugin
+# shellcheck disable=SC2086
+cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --no-run
+echo "   ($(( SECONDS - bstart ))s)"
+PROFILE_DIR=debug
+case "${CARGO_PROFILE_FLAGS:-}" in *--release*) PROFILE_DIR=release ;; esac
+TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
+PLUGIN_BIN="$TARGET_DIR/$PROFILE_DIR/dra-plugin"
+
+# shellcheck source=controlplane/cluster.sh
+source "$ROOT/e2e/controlplane/cluster.sh"
+WORK="$(mktemp -d /tmp/gpu-dra-e2e.XXXXXX)"
+STATUS=1
+
+finish() {
+  local rc=$?
+  [ "$STATUS" = 0 ] || STATUS=$rc
+  trap - EXIT INT TERM
+  # Plugins started by the harness die with it; anything left from a killed harness goes here.
+  if [ -d "$WORK/nodes" ]; then
+    for pidf in "$WORK"/nodes/*/plugin.pid; do
+      [ -e "$pidf" ] && kill -9 "$(cat "$pidf")" 2>/dev/null || true
+    done
+  fi
+  cluster_stop
+  if [ "$STATUS" = 0 ]; then
+    rm -rf "$WORK"
+  else
+    mkdir -p "$LOGS_ROOT"
+    local keep
+    keep="$LOGS_ROOT/run-$(date +%Y%m%d-%H%M%S)"
+    rm -rf "$WORK/etcd"
+    mv "$WORK" "$keep"
+    echo "e2e FAILED (exit $STATUS); logs kept in $keep (logs/ control plane, nodes/*/plugin.log)"
+  fi
+  echo "== e2e wall time $(( SECONDS - t0 ))s"
+  exit "$STATUS"
+}
+trap finish EXIT
+trap 'echo "interrupted"; STATUS=130; exit 130' INT TERM
+
+cluster_start "$BIN" "$WORK"
+
+export E2E_KUBECONFIG="$WORK/admin.kubeconfig"
+export E2E_WORKDIR="$WORK"
+export E2E_PLUGIN_BIN="$PLUGIN_BIN"
+export E2E_REPO_ROOT="$ROOT"
+
+if ! $UP_ONLY; then
+  echo "== scenarios ${FILTER:+(filter: $FILTER)}"
+  sstart=$SECONDS
+  # One test binary, scenarios in order, one at a time: they share the cluster and the 2 cores.
+  # shellcheck disable=SC2086
+  cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --test scenarios -- --test-threads=1 --nocapture ${FILTER:+"$FILTER"}
+  echo "== scenarios took $(( SECONDS - sstart ))s"
+fi
+STATUS=0
+
+if [ "$KEEP" = 1 ]; then
+  echo "cluster kept up. kubeconfig: $E2E_KUBECONFIG"
+  echo "  kubectl --kubeconfig $E2E_KUBECONFIG get nodes,resourceslices,resourceclaims -A"
+  echo "Ctrl-C to tear down."
+  trap 'exit 0' INT TERM
+  while :; do sleep 3600 & wait $! || true; done
+fi
