@@ -1,0 +1,340 @@
+use super::*;
+use crate::simulated::{GpuGroup, simulate_node};
+
+fn inv(spec: &[&str], layout: Option<&str>) -> Inventory {
+    let groups: Vec<_> = spec.iter().map(|s| GpuGroup::parse(s).unwrap()).collect();
+    simulate_node("node-a", &groups, layout).unwrap()
+}
+
+fn attr<'d>(d: &'d Device, name: &str) -> &'d DeviceAttribute {
+    d.attributes
+        .as_ref()
+        .unwrap()
+        .get(name)
+        .unwrap_or_else(|| panic!("{} lacks {name}", d.name))
+}
+
+fn all_devices(slices: &[SliceContent]) -> Vec<&Device> {
+    slices.iter().flat_map(|s| &s.devices).collect()
+}
+
+#[test]
+fn whole_gpu_has_every_nvidia_attribute_with_its_type() {
+    let slices = build_pool(
+        &inv(&["h100-80gb:8"], None),
+        &SliceOptions::new("node-a"),
+        &TaintMap::new(),
+    );
+    assert_eq!(slices.len(), 1);
+    let devices = all_devices(&slices);
+    assert_eq!(devices.len(), 8);
+    let d = devices[0];
+    assert_eq!(d.name, "gpu-0");
+    assert_eq!(attr(d, "type").string.as_deref(), Some("gpu"));
+    assert!(attr(d, "uuid").string.as_ref().unwrap().starts_with("GPU-"));
+    assert_eq!(
+        attr(d, "productName").string.as_deref(),
+        Some("NVIDIA H100 80GB HBM3")
+    );
+    assert_eq!(attr(d, "brand").string.as_deref(), Some("NVIDIA"));
+    assert_eq!(attr(d, "architecture").string.as_deref(), Some("Hopper"));
+    assert_eq!(
+        attr(d, "cudaComputeCapability").version.as_deref(),
+        Some("9.0.0")
+    );
+    assert_eq!(
+        attr(d, "driverVersion").version.as_deref(),
+        Some("580.105.8")
+    );
+    assert_eq!(
+        attr(d, "cudaDriverVersion").version.as_deref(),
+        Some("13.0.0")
+    );
+    assert_eq!(
+        attr(d, "resource.kubernetes.io/pciBusID").string.as_deref(),
+        Some("0000:18:00.0")
+    );
+    assert!(attr(d, "resource.kubernetes.io/pcieRoot").string.is_some());
+    assert_eq!(attr(d, "resource.kubernetes.io/numaNode").int, Some(0));
+    assert_eq!(attr(d, "addressingMode").string.as_deref(), Some("HMM"));
+    assert_eq!(d.capacity.as_ref().unwrap()["memory"].value.0, "81559Mi");
+    assert_eq!(
+        attr(devices[7], "resource.kubernetes.io/numaNode").int,
+        Some(1)
+    );
+}
+
+#[test]
+fn static_mig_gpu_publishes_its_mig_devices_not_itself() {
+    let slices = build_pool(
+        &inv(&["h100-80gb:2"], Some("all-3g.40gb")),
+        &SliceOptions::new("node-a"),
+        &TaintMap::new(),
+    );
+    let devices = all_devices(&slices);
+    let names: Vec<_> = devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "gpu-0-mig-3g40gb-9-0",
+            "gpu-0-mig-3g40gb-9-4",
+            "gpu-1-mig-3g40gb-9-0",
+            "gpu-1-mig-3g40gb-9-4"
+        ]
+    );
+    let d = devices[1];
+    assert_eq!(attr(d, "type").string.as_deref(), Some("mig"));
+    assert_eq!(attr(d, "profile").string.as_deref(), Some("3g.40gb"));
+    assert!(attr(d, "uuid").string.as_ref().unwrap().starts_with("MIG-"));
+    assert!(
+        attr(d, "parentUUID")
+            .string
+            .as_ref()
+            .unwrap()
+            .starts_with("GPU-")
+    );
+    assert_eq!(
+        attr(d, "productName").string.as_deref(),
+        Some("NVIDIA H100 80GB HBM3")
+    );
+    let cap = d.capacity.as_ref().unwrap();
+    for (k, v) in [
+        ("multiprocessors", "60"),
+        ("copyEngines", "3"),
+        ("decoders", "3"),
+        ("encoders", "0"),
+        ("jpegEngines", "3"),
+        ("ofaEngines", "0"),
+        ("memory", "40448Mi"),
+    ] {
+        assert_eq!(cap[k].value.0, v, "{k}");
+    }
+    for s in 4..8 {
+        assert_eq!(cap[&format!("memorySlice{s}")].value.0, "1");
+    }
+    assert!(!cap.contains_key("memorySlice0"));
+}
+
+#[test]
+fn every_device_respects_the_attribute_and_capacity_limit() {
+    for (spec, layout, dynamic) in [
+        ("h100-80gb:8", Some("all-1g.10gb"), false),
+        ("b200:8", None, true),
+        ("a100-80gb:8", None, true),
+    ] {
+        let opts = SliceOptions {
+            dynamic_mig: dynamic,
+            ..SliceOptions::new("node-a")
+        };
+        for s in build_pool(&inv(&[spec], layout), &opts, &TaintMap::new()) {
+            for d in &s.devices {
+                let n = d.attributes.as_ref().map_or(0, |a| a.len())
+                    + d.capacity.as_ref().map_or(0, |c| c.len());
+                assert!(
+                    n <= MAX_ATTRIBUTES_AND_CAPACITIES,
+                    "{spec} {} has {n}",
+                    d.name
+                );
+            }
+            assert!(
+                s.devices.len() <= MAX_DEVICES_WITH_COUNTERS_OR_TAINTS
+                    || s.shared_counters.is_empty()
+            );
+            assert!(s.shared_counters.len() <= MAX_COUNTER_SETS_PER_SLICE);
+        }
+    }
+}
+
+#[test]
+fn dynamic_mig_split_layout_has_a_counters_slice_then_one_slice_per_gpu() {
+    let opts = SliceOptions {
+        dynamic_mig: true,
+        ..SliceOptions::new("node-a")
+    };
+    let slices = build_pool(
+        &inv(&["h100-80gb:8", "l4:1"], None),
+        &opts,
+        &TaintMap::new(),
+    );
+    assert_eq!(slices.len(), 1 + 8 + 1);
+    assert!(slices[0].devices.is_empty());
+    assert_eq!(slices[0].shared_counters.len(), 8);
+    let set = &slices[0].shared_counters[0];
+    assert_eq!(set.name, "gpu-0-counter-set");
+    let keys: Vec<_> = set.counters.keys().map(String::as_str).collect();
+    for k in [
+        "multiprocessors",
+        "copy-engines",
+        "decoders",
+        "encoders",
+        "jpeg-engines",
+        "ofa-engines",
+        "memory",
+        "memory-slice-0",
+        "memory-slice-7",
+    ] {
+        assert!(keys.contains(&k), "{k} missing from {keys:?}");
+    }
+    let gpu0 = &slices[1];
+    assert!(gpu0.shared_counters.is_empty());
+    // Whole GPU + 7+7+4+3+2+1+1 placements.
+    assert_eq!(gpu0.devices.len(), 26);
+    let full = gpu0.devices.iter().find(|d| d.name == "gpu-0").unwrap();
+    assert_eq!(
+        full.consumes_counters.as_ref().unwrap()[0].counters,
+        set.counters,
+        "the whole GPU takes everything"
+    );
+    let mig = gpu0
+        .devices
+        .iter()
+        .find(|d| d.name == "gpu-0-mig-3g40gb-9-4")
+        .unwrap();
+    assert!(
+        mig.attributes.as_ref().unwrap().get("uuid").is_none(),
+        "not created yet"
+    );
+    let used = &mig.consumes_counters.as_ref().unwrap()[0];
+    assert_eq!(used.counter_set, "gpu-0-counter-set");
+    let slices_used: Vec<_> = used
+        .counters
+        .keys()
+        .filter(|k| k.starts_with("memory-slice-"))
+        .cloned()
+        .collect();
+    assert_eq!(
+        slices_used,
+        [
+            "memory-slice-4",
+            "memory-slice-5",
+            "memory-slice-6",
+            "memory-slice-7"
+        ]
+    );
+    assert!(
+        gpu0.devices
+            .iter()
+            .any(|d| d.name == "gpu-0-mig-1g10gbme-20-6"),
+        "+me variants are separate devices"
+    );
+    // The L4 cannot do MIG: a plain GPU, never an empty slice.
+    let l4 = slices.last().unwrap();
+    assert_eq!(l4.devices.len(), 1);
+    assert!(l4.devices[0].consumes_counters.is_none());
+    // Devices sorted by name inside each slice: stable republishing.
+    for s in &slices {
+        assert!(s.devices.windows(2).all(|w| w[0].name < w[1].name));
+    }
+}
+
+#[test]
+fn dynamic_mig_on_1_34_keeps_counters_with_their_devices() {
+    let opts = SliceOptions {
+        dynamic_mig: true,
+        split_counters: false,
+        ..SliceOptions::new("node-a")
+    };
+    let slices = build_pool(&inv(&["h100-80gb:2"], None), &opts, &TaintMap::new());
+    assert_eq!(slices.len(), 2);
+    for (i, s) in slices.iter().enumerate() {
+        assert_eq!(s.shared_counters.len(), 1);
+        assert_eq!(s.shared_counters[0].name, format!("gpu-{i}-counter-set"));
+        assert_eq!(s.devices.len(), 26);
+    }
+}
+
+#[test]
+fn counters_never_allow_overlapping_or_oversubscribed_placements() {
+    // Any set of placements whose memory slices are disjoint must fit in the counters, and the
+    // whole GPU must exhaust at least one counter that every MIG device also uses.
+    let gpu = &inv(&["h100-80gb:1"], None).gpus[0];
+    let totals = dynamic_mig_counters(gpu);
+    let int = |q: &Quantity| crate::quantity::parse_int(&q.0).unwrap();
+    let mig = gpu.mig.as_ref().unwrap();
+    let all_7_small: u128 = 7 * u128::from(mig.profiles[0].multiprocessors);
+    assert!(all_7_small <= int(&totals["multiprocessors"].value));
+    for p in &mig.profiles {
+        let used = profile_counters(p);
+        for (k, v) in &used {
+            assert!(
+                int(&v.value) * u128::from(p.max_instances.min(p.placements.len() as u32))
+                    <= int(&totals[k].value),
+                "{} {k}",
+                p.name
+            );
+        }
+    }
+}
+
+#[test]
+fn many_devices_are_split_within_limits_and_taints_lower_the_limit() {
+    let big = inv(&["h100-80gb:64"], Some("all-1g.10gb"));
+    let slices = build_pool(&big, &SliceOptions::new("node-a"), &TaintMap::new());
+    assert_eq!(all_devices(&slices).len(), 64 * 7);
+    assert!(
+        slices
+            .iter()
+            .all(|s| s.devices.len() <= MAX_DEVICES_PER_SLICE)
+    );
+    assert_eq!(slices.len(), 4);
+
+    let mut taints = TaintMap::new();
+    taints.insert(
+        "gpu-0".into(),
+        vec![DeviceTaint {
+            key: "gpu.nvidia.com/xid".into(),
+            value: Some("79".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }],
+    );
+    let slices = build_pool(
+        &inv(&["h100-80gb:64", "l4:64"], None),
+        &SliceOptions::new("node-a"),
+        &taints,
+    );
+    assert!(
+        slices
+            .iter()
+            .all(|s| s.devices.len() <= MAX_DEVICES_WITH_COUNTERS_OR_TAINTS)
+    );
+    assert!(slices[0].devices[0].taints.is_some());
+}
+
+#[test]
+fn resource_slices_carry_pool_bookkeeping_and_sorted_names() {
+    let slices = simulated_node_slices("n1", &["h100-80gb:8"], None, true).unwrap();
+    assert_eq!(slices.len(), 9);
+    for s in &slices {
+        assert_eq!(s.spec.driver, "gpu.nvidia.com");
+        assert_eq!(s.spec.node_name.as_deref(), Some("n1"));
+        assert_eq!(s.spec.pool.name, "n1");
+        assert_eq!(s.spec.pool.resource_slice_count, 9);
+        assert!(
+            s.spec.devices.is_some() != s.spec.shared_counters.is_some(),
+            "never both on >= 1.35"
+        );
+    }
+    let names: Vec<_> = slices
+        .iter()
+        .map(|s| s.metadata.name.clone().unwrap())
+        .collect();
+    let mut sorted = names.clone();
+    sorted.sort();
+    assert_eq!(names, sorted);
+    assert_eq!(names[0], "n1-gpu.nvidia.com-00000");
+    assert!(simulated_node_slices("n1", &["nope"], None, false).is_err());
+}
+
+#[test]
+fn an_empty_node_still_publishes_one_empty_slice() {
+    let slices = build_pool(
+        &Inventory::default(),
+        &SliceOptions::new("node-a"),
+        &TaintMap::new(),
+    );
+    assert_eq!(slices, vec![SliceContent::default()]);
+    let rs = to_resource_slices(slices, &SliceOptions::new("node-a"), 3, None);
+    assert_eq!(rs[0].spec.devices.as_deref(), Some(&[][..]));
+    assert_eq!(rs[0].spec.pool.generation, 3);
+}
