@@ -1,0 +1,298 @@
+//! `GPUCluster` (nvidia.com/v1alpha1): one cluster-scoped object, `gpu-cluster`, that describes the whole
+//! DRA stack. Field names follow the GPU Operator's GPUCluster where they exist; `migrationPool` is ours.
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{CustomResource, KubeSchema};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// The only name a GPUCluster may have; the CRD rejects any other.
+pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
+
+/// Desired state of the DRA driver stack.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "nvidia.com",
+    version = "v1alpha1",
+    kind = "GPUCluster",
+    plural = "gpuclusters",
+    shortname = "gc",
+    status = "GPUClusterStatus",
+    doc = "GPUCluster deploys the gpu.nvidia.com DRA driver; a singleton named gpu-cluster",
+    validation = Rule::new("self.metadata.name == 'gpu-cluster'").message("only one GPUCluster is allowed and it must be named gpu-cluster"),
+    printcolumn(name = "Status", type_ = "string", json_path = ".status.state"),
+    printcolumn(name = "Pool", type_ = "integer", json_path = ".status.poolNodes"),
+    printcolumn(name = "Ready", type_ = "integer", json_path = ".status.readyNodes"),
+    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+)]
+#[serde(rename_all = "camelCase")]
+pub struct GPUClusterSpec {
+    /// The DRA driver: image, feature gates and its two kubelet-plugin flavours.
+    pub dra_driver: DraDriverSpec,
+    /// Host paths the kubelet plugin mounts.
+    #[serde(default)]
+    pub host_paths: HostPathsSpec,
+    /// Settings shared by every DaemonSet the controller creates.
+    #[serde(default)]
+    pub daemonsets: DaemonsetsSpec,
+    /// Which nodes run DRA instead of the device plugin.
+    #[serde(default)]
+    pub migration_pool: MigrationPoolSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DraDriverSpec {
+    /// Image registry and path, without the image name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repository: Option<String>,
+    /// Image name.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(regex(pattern = r"^[a-zA-Z0-9\-]+$"))]
+    pub image: Option<String>,
+    /// Image tag.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// Pull policy for every container the controller creates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<ImagePullPolicy>,
+    /// Names of Secrets in the driver namespace used to pull the image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub image_pull_secrets: Vec<String>,
+    /// Driver feature gates, passed as `FEATURE_GATES=Name=true,...`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub feature_gates: BTreeMap<String, bool>,
+    /// The `gpu.nvidia.com` kubelet plugin.
+    #[serde(default)]
+    pub gpus: GpusSpec,
+    /// The `compute-domain.nvidia.com` kubelet plugin and the ComputeDomain controller.
+    #[serde(default)]
+    pub compute_domains: ComputeDomainsSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum ImagePullPolicy {
+    Always,
+    IfNotPresent,
+    Never,
+}
+
+impl ImagePullPolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Always => "Always",
+            Self::IfNotPresent => "IfNotPresent",
+            Self::Never => "Never",
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GpusSpec {
+    #[serde(default = "KubeletPluginSpec::gpus")]
+    pub kubelet_plugin: KubeletPluginSpec,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComputeDomainsSpec {
+    /// Deploy the compute-domain kubelet plugin and controller.
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// The ComputeDomain controller Deployment.
+    #[serde(default)]
+    pub controller: ComponentSpec,
+    /// The `compute-domains` container of the kubelet-plugin DaemonSet.
+    #[serde(default = "KubeletPluginSpec::compute_domains")]
+    pub kubelet_plugin: KubeletPluginSpec,
+}
+
+impl Default for ComputeDomainsSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            controller: ComponentSpec::default(),
+            kubelet_plugin: KubeletPluginSpec::compute_domains(),
+        }
+    }
+}
+
+/// Extra environment and resources for one container.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ComponentSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubeletPluginSpec {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<EnvVar>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+    /// gRPC health endpoint used for the container's liveness probe.
+    pub healthcheck: HealthcheckSpec,
+}
+
+impl Default for KubeletPluginSpec {
+    fn default() -> Self {
+        Self::gpus()
+    }
+}
+
+impl KubeletPluginSpec {
+    pub const GPUS_HEALTH_PORT: i32 = 51516;
+    pub const COMPUTE_DOMAINS_HEALTH_PORT: i32 = 51515;
+
+    fn gpus() -> Self {
+        Self::with_port(Self::GPUS_HEALTH_PORT)
+    }
+
+    fn compute_domains() -> Self {
+        Self::with_port(Self::COMPUTE_DOMAINS_HEALTH_PORT)
+    }
+
+    fn with_port(port: i32) -> Self {
+        Self {
+            env: Vec::new(),
+            resources: None,
+            healthcheck: HealthcheckSpec {
+                enabled: true,
+                port,
+            },
+        }
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HealthcheckSpec {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: i32,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostPathsSpec {
+    /// Where the NVIDIA driver is installed on the host; `/` (host driver) when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_install_dir: Option<String>,
+    /// The kubelet's root directory; `/var/lib/kubelet` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubelet_root_dir: Option<String>,
+}
+
+impl HostPathsSpec {
+    pub fn driver_root(&self) -> &str {
+        self.driver_install_dir.as_deref().unwrap_or("/")
+    }
+
+    pub fn kubelet_root(&self) -> &str {
+        self.kubelet_root_dir
+            .as_deref()
+            .unwrap_or("/var/lib/kubelet")
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonsetsSpec {
+    /// Extra labels on every DaemonSet and its pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Extra annotations on every DaemonSet and its pods.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub annotations: BTreeMap<String, String>,
+    /// Tolerations for the DaemonSet pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tolerations: Vec<Toleration>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub priority_class_name: Option<String>,
+    /// `RollingUpdate` (default) or `OnDelete`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub update_strategy: Option<UpdateStrategy>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling_update: Option<RollingUpdateSpec>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum UpdateStrategy {
+    RollingUpdate,
+    OnDelete,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RollingUpdateSpec {
+    /// A count (`1`) or a percentage (`10%`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_unavailable: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct MigrationPoolSpec {
+    /// Nodes that use DRA; all nodes labelled `nvidia.com/gpu.present=true` when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_selector: Option<LabelSelector>,
+    /// Install `migration.gpu.nvidia.com`, which serves `nvidia.com/gpu` requests through DRA.
+    #[serde(default = "default_true")]
+    pub map_extended_resource: bool,
+}
+
+impl Default for MigrationPoolSpec {
+    fn default() -> Self {
+        Self {
+            node_selector: None,
+            map_extended_resource: true,
+        }
+    }
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// Observed state, written by the controller only.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct GPUClusterStatus {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<State>,
+    /// The namespace the driver runs in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespace: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    /// Nodes that match the pool selector.
+    #[serde(default)]
+    pub pool_nodes: i32,
+    /// Pool nodes placed for the kubelet plugin.
+    #[serde(default)]
+    pub ready_nodes: i32,
+    /// Pool nodes that still advertise `nvidia.com/gpu` and so get no plugin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conflicting_nodes: Vec<String>,
+    /// Nodes that left the pool but still hold prepared claims or a plugin pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub draining_nodes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum State {
+    Ready,
+    NotReady,
+    Disabled,
+}

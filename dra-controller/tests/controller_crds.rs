@@ -1,0 +1,41 @@
+//! The committed CRD YAML must be exactly what the Rust types generate.
+//! Regenerate with `dra-controller crdgen > deploy/crds/crds.yaml`, or run this test with `BLESS_CRDS=1`.
+use std::path::PathBuf;
+
+fn committed(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(rel)
+}
+
+#[test]
+fn committed_crds_match_the_types() {
+    let generated = dra_controller::controller::crd::crds_yaml().expect("CRDs serialise");
+    for rel in [
+        "deploy/crds/crds.yaml",
+        "deploy/helm/gpu-dra-driver/crds/crds.yaml",
+    ] {
+        let path = committed(rel);
+        if std::env::var_os("BLESS_CRDS").is_some() {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(&path, &generated).unwrap();
+        }
+        let on_disk =
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert!(
+            on_disk == generated,
+            "{rel} is stale; regenerate it (see this file's header)"
+        );
+    }
+}
+
+#[test]
+fn gpucluster_crd_enforces_the_singleton_name() {
+    let yaml = dra_controller::controller::crd::crds_yaml().unwrap();
+    assert!(yaml.contains("self.metadata.name == 'gpu-cluster'"));
+    assert!(yaml.contains("scope: Cluster"));
+    assert!(
+        yaml.contains("self == oldSelf"),
+        "ComputeDomain spec must be immutable"
+    );
+}
