@@ -1,4 +1,6 @@
-//! The local simulator: CEL environment, structured allocator, CLI. Filled in by the simulator issue.
+//! The local simulator: the Kubernetes DRA CEL environment, the scheduler's structured allocator,
+//! and the `eval` / `simulate` commands.
+pub mod cel;
 
 #[derive(clap::Args, Debug)]
 pub struct EvalArgs {}

@@ -1,0 +1,1067 @@
+//! From the `cel` crate's parsed AST to our typed program: type checking with the DRA declarations
+//! and library signatures, two-variable comprehensions and `cel.bind` (which the crate's parser
+//! leaves as plain calls), and regex literal validation.
+use super::types::Ty;
+use super::value::Value;
+use cel::IdedExpr;
+use cel::common::ast::{CallExpr, EntryExpr, Expr, LiteralValue};
+use std::sync::Arc;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Func {
+    Add,
+    Sub,
+    Mul,
+    Div,
+    Mod,
+    Neg,
+    Not,
+    Eq,
+    Ne,
+    Lt,
+    Le,
+    Gt,
+    Ge,
+    In,
+    Index,
+    OptIndex,
+    NotStrictlyFalse,
+    Size,
+    Contains,
+    StartsWith,
+    EndsWith,
+    Matches,
+    ToInt,
+    ToUint,
+    ToDouble,
+    ToString,
+    ToBool,
+    TypeOf,
+    Dyn,
+    Quantity,
+    IsQuantity,
+    QIsInteger,
+    QAsInteger,
+    QAsApproximateFloat,
+    QSign,
+    QAdd,
+    QSub,
+    IsGreaterThan,
+    IsLessThan,
+    CompareTo,
+    Semver,
+    IsSemver,
+    Major,
+    Minor,
+    Patch,
+    CharAt,
+    IndexOf,
+    LastIndexOf,
+    LowerAscii,
+    UpperAscii,
+    Replace,
+    Split,
+    Substring,
+    Trim,
+    Join,
+    Find,
+    FindAll,
+    IsSorted,
+    Sum,
+    Min,
+    Max,
+    Slice,
+    Flatten,
+    Distinct,
+    ListsRange,
+    Reverse,
+    First,
+    Last,
+    Sort,
+    SetsContains,
+    SetsEquivalent,
+    SetsIntersects,
+    OptionalOf,
+    OptionalNone,
+    OptionalOfNonZero,
+    HasValue,
+    OptValue,
+    OrValue,
+    Or,
+}
+
+#[derive(Debug)]
+pub enum Node {
+    Const(Value),
+    Device,
+    Local(usize),
+    Select {
+        operand: Box<Node>,
+        field: Value,
+        test: bool,
+    },
+    OptSelect {
+        operand: Box<Node>,
+        field: Value,
+    },
+    And(Box<Node>, Box<Node>),
+    OrOp(Box<Node>, Box<Node>),
+    Cond(Box<Node>, Box<Node>, Box<Node>),
+    Call {
+        func: Func,
+        args: Vec<Node>,
+    },
+    List {
+        elems: Vec<Node>,
+        optional: Vec<bool>,
+    },
+    Map {
+        entries: Vec<(Node, Node, bool)>,
+    },
+    Comp(Box<Comp>),
+    Bind {
+        slot: usize,
+        init: Box<Node>,
+        body: Box<Node>,
+    },
+    /// Regex calls with a literal pattern keep the compiled regex.
+    RegexCall {
+        func: Func,
+        target: Box<Node>,
+        re: Arc<regex::Regex>,
+    },
+}
+
+#[derive(Debug)]
+pub struct Comp {
+    pub range: Node,
+    pub var1: usize,
+    pub var2: Option<usize>,
+    pub accu: usize,
+    pub init: Node,
+    pub cond: Node,
+    pub step: Node,
+    pub result: Node,
+}
+
+pub struct Compiler<'a> {
+    scopes: Vec<(String, usize, Ty)>,
+    next_slot: usize,
+    pub max_slots: usize,
+    src: &'a cel::common::ast::SourceInfo,
+    text: &'a str,
+}
+
+type R = Result<(Node, Ty), String>;
+
+fn attr_map_ty() -> Ty {
+    Ty::map(Ty::Str, Ty::map(Ty::Str, Ty::Any))
+}
+fn cap_map_ty() -> Ty {
+    Ty::map(Ty::Str, Ty::map(Ty::Str, Ty::Quantity))
+}
+
+impl<'a> Compiler<'a> {
+    pub fn new(src: &'a cel::common::ast::SourceInfo, text: &'a str) -> Self {
+        Compiler {
+            scopes: Vec::new(),
+            next_slot: 0,
+            max_slots: 0,
+            src,
+            text,
+        }
+    }
+
+    fn err(&self, id: u64, msg: String) -> String {
+        let (line, col) = match self.src.offset_for(id) {
+            Some((start, _)) => {
+                let start = start as usize;
+                let mut line = 1;
+                let mut col = 1;
+                for (i, c) in self.text.chars().enumerate() {
+                    if i >= start {
+                        break;
+                    }
+                    if c == '\n' {
+                        line += 1;
+                        col = 1;
+                    } else {
+                        col += 1;
+                    }
+                }
+                (line, col)
+            }
+            None => (1, 1),
+        };
+        format!("ERROR: <input>:{line}:{col}: {msg}")
+    }
+
+    fn push(&mut self, name: &str, ty: Ty) -> usize {
+        let slot = self.next_slot;
+        self.next_slot += 1;
+        self.max_slots = self.max_slots.max(self.next_slot);
+        self.scopes.push((name.to_string(), slot, ty));
+        slot
+    }
+    fn pop(&mut self, n: usize) {
+        for _ in 0..n {
+            self.scopes.pop();
+            self.next_slot -= 1;
+        }
+    }
+
+    pub fn compile(&mut self, e: &IdedExpr) -> R {
+        match &e.expr {
+            Expr::Literal(l) => Ok(match l {
+                LiteralValue::Boolean(b) => (Node::Const(Value::Bool(*b.inner())), Ty::Bool),
+                LiteralValue::Int(i) => (Node::Const(Value::Int(*i.inner())), Ty::Int),
+                LiteralValue::UInt(u) => (Node::Const(Value::Uint(*u.inner())), Ty::Uint),
+                LiteralValue::Double(d) => (Node::Const(Value::Double(*d.inner())), Ty::Double),
+                LiteralValue::String(s) => (Node::Const(Value::str(s.inner())), Ty::Str),
+                LiteralValue::Bytes(b) => {
+                    (Node::Const(Value::Bytes(Arc::from(b.inner()))), Ty::Bytes)
+                }
+                LiteralValue::Null => (Node::Const(Value::Null), Ty::Null),
+            }),
+            Expr::Ident(name) => {
+                if let Some((_, slot, ty)) = self.scopes.iter().rev().find(|(n, _, _)| n == name) {
+                    return Ok((Node::Local(*slot), ty.clone()));
+                }
+                match name.as_str() {
+                    "device" => Ok((Node::Device, Ty::Device)),
+                    "int" | "uint" | "double" | "string" | "bool" | "bytes" | "list" | "map"
+                    | "null_type" | "type" => {
+                        Ok((Node::Const(Value::Type(type_name_static(name))), Ty::Type))
+                    }
+                    _ => Err(self.err(
+                        e.id,
+                        format!("undeclared reference to '{name}' (in container '')"),
+                    )),
+                }
+            }
+            Expr::Select(sel) => {
+                let (op, t) = self.compile(&sel.operand)?;
+                let field = sel.field.as_str();
+                let ty = match &t {
+                    Ty::Device => match field {
+                        "driver" => Ty::Str,
+                        "attributes" => attr_map_ty(),
+                        "capacity" => cap_map_ty(),
+                        "allowMultipleAllocations" => Ty::Bool,
+                        _ => return Err(self.err(e.id, format!("undefined field '{field}'"))),
+                    },
+                    Ty::Map(k, v) => {
+                        if !k.accepts(&Ty::Str) {
+                            return Err(self.err(
+                                e.id,
+                                format!("type '{t}' does not support field selection"),
+                            ));
+                        }
+                        (**v).clone()
+                    }
+                    Ty::Dyn | Ty::Any => Ty::Dyn,
+                    _ => {
+                        return Err(
+                            self.err(e.id, format!("type '{t}' does not support field selection"))
+                        );
+                    }
+                };
+                let ty = if sel.test { Ty::Bool } else { ty };
+                Ok((
+                    Node::Select {
+                        operand: Box::new(op),
+                        field: Value::str(field),
+                        test: sel.test,
+                    },
+                    ty,
+                ))
+            }
+            Expr::Call(call) => self.call(e.id, call),
+            Expr::List(l) => {
+                let mut elems = Vec::new();
+                let mut optional = vec![false; l.elements.len()];
+                let mut ety: Option<Ty> = None;
+                for (i, el) in l.elements.iter().enumerate() {
+                    let (n, mut t) = self.compile(el)?;
+                    if l.optional_indices.contains(&i) {
+                        optional[i] = true;
+                        t = match t {
+                            Ty::Opt(inner) => *inner,
+                            t if t.is_dyn() => Ty::Dyn,
+                            other => {
+                                return Err(self.err(
+                                    el.id,
+                                    format!("expected type 'optional_type(T)' but found '{other}'"),
+                                ));
+                            }
+                        };
+                    }
+                    ety = Some(match ety {
+                        None => t,
+                        Some(prev) => match prev.unify(&t) {
+                            Some(u) => u,
+                            None => {
+                                return Err(self
+                                    .err(el.id, format!("expected type '{prev}' but found '{t}'")));
+                            }
+                        },
+                    });
+                    elems.push(n);
+                }
+                Ok((
+                    Node::List { elems, optional },
+                    Ty::list(ety.unwrap_or(Ty::Dyn)),
+                ))
+            }
+            Expr::Map(m) => {
+                let mut entries = Vec::new();
+                let mut kt: Option<Ty> = None;
+                let mut vt: Option<Ty> = None;
+                for entry in &m.entries {
+                    let EntryExpr::MapEntry(me) = &entry.expr else {
+                        return Err(
+                            self.err(entry.id, "unsupported struct field in map literal".into())
+                        );
+                    };
+                    let (kn, k) = self.compile(&me.key)?;
+                    let (vn, mut v) = self.compile(&me.value)?;
+                    if me.optional {
+                        v = match v {
+                            Ty::Opt(inner) => *inner,
+                            t => t,
+                        };
+                    }
+                    if !matches!(
+                        k,
+                        Ty::Str | Ty::Int | Ty::Uint | Ty::Bool | Ty::Dyn | Ty::Any
+                    ) {
+                        return Err(self.err(me.key.id, format!("unsupported map key type: {k}")));
+                    }
+                    kt = Some(match kt {
+                        None => k,
+                        Some(p) => p.unify(&k).ok_or_else(|| {
+                            self.err(me.key.id, format!("expected type '{p}' but found '{k}'"))
+                        })?,
+                    });
+                    vt = Some(match vt {
+                        None => v,
+                        Some(p) => p.unify(&v).ok_or_else(|| {
+                            self.err(me.value.id, format!("expected type '{p}' but found '{v}'"))
+                        })?,
+                    });
+                    entries.push((kn, vn, me.optional));
+                }
+                Ok((
+                    Node::Map { entries },
+                    Ty::map(kt.unwrap_or(Ty::Dyn), vt.unwrap_or(Ty::Dyn)),
+                ))
+            }
+            Expr::Comprehension(c) => {
+                let (range, rt) = self.compile(&c.iter_range)?;
+                let (it1, it2) = iter_types(&rt, c.iter_var2.is_some())
+                    .ok_or_else(|| self.err(c.iter_range.id, format!("expression of type '{rt}' cannot be range of a comprehension (must be list, map, or dynamic)")))?;
+                let (init, at) = self.compile(&c.accu_init)?;
+                let accu = self.push(&c.accu_var, at.clone());
+                let var1 = self.push(&c.iter_var, it1);
+                let var2 = c.iter_var2.as_ref().map(|v| self.push(v, it2.clone()));
+                let (cond, _) = self.compile(&c.loop_cond)?;
+                let (step, st) = self.compile(&c.loop_step)?;
+                let n = if var2.is_some() { 2 } else { 1 };
+                self.pop(n);
+                // result sees only the accumulator
+                let (result, rt2) = self.compile(&c.result)?;
+                self.pop(1);
+                let _ = st;
+                let _ = at;
+                Ok((
+                    Node::Comp(Box::new(Comp {
+                        range,
+                        var1,
+                        var2,
+                        accu,
+                        init,
+                        cond,
+                        step,
+                        result,
+                    })),
+                    rt2,
+                ))
+            }
+            Expr::Struct(_) => Err(self.err(
+                e.id,
+                "struct literals are not supported in this environment".into(),
+            )),
+            Expr::Unspecified => Err(self.err(e.id, "unspecified expression".into())),
+        }
+    }
+
+    fn macro3(&mut self, id: u64, kind: &str, target: &IdedExpr, args: &[IdedExpr]) -> R {
+        // two-variable comprehensions: all(k, v, p), exists(k, v, p), existsOne(k, v, p)
+        let name = |e: &IdedExpr| match &e.expr {
+            Expr::Ident(n) => Ok(n.clone()),
+            _ => Err(self.err(e.id, "argument must be a simple name".into())),
+        };
+        let v1 = name(&args[0])?;
+        let v2 = name(&args[1])?;
+        let (range, rt) = self.compile(target)?;
+        let (t1, t2) = iter_types(&rt, true).ok_or_else(|| {
+            self.err(target.id, format!("expression of type '{rt}' cannot be range of a comprehension (must be list, map, or dynamic)"))
+        })?;
+        let accu_ty = if kind == "existsOne" {
+            Ty::Int
+        } else {
+            Ty::Bool
+        };
+        let accu = self.push("@result", accu_ty);
+        let var1 = self.push(&v1, t1);
+        let var2 = self.push(&v2, t2);
+        let (pred, pt) = self.compile(&args[2])?;
+        self.pop(3);
+        if !Ty::Bool.accepts(&pt) {
+            return Err(self.err(
+                args[2].id,
+                format!("found no matching overload for '_&&_' applied to '(bool, {pt})'"),
+            ));
+        }
+        let acc = || Box::new(Node::Local(accu));
+        let (init, cond, step, result) = match kind {
+            "all" => (
+                Node::Const(Value::Bool(true)),
+                Node::Call {
+                    func: Func::NotStrictlyFalse,
+                    args: vec![Node::Local(accu)],
+                },
+                Node::And(acc(), Box::new(pred)),
+                Node::Local(accu),
+            ),
+            "exists" => (
+                Node::Const(Value::Bool(false)),
+                Node::Call {
+                    func: Func::NotStrictlyFalse,
+                    args: vec![Node::Call {
+                        func: Func::Not,
+                        args: vec![Node::Local(accu)],
+                    }],
+                },
+                Node::OrOp(acc(), Box::new(pred)),
+                Node::Local(accu),
+            ),
+            _ => (
+                Node::Const(Value::Int(0)),
+                Node::Const(Value::Bool(true)),
+                Node::Cond(
+                    Box::new(pred),
+                    Box::new(Node::Call {
+                        func: Func::Add,
+                        args: vec![Node::Local(accu), Node::Const(Value::Int(1))],
+                    }),
+                    acc(),
+                ),
+                Node::Call {
+                    func: Func::Eq,
+                    args: vec![Node::Local(accu), Node::Const(Value::Int(1))],
+                },
+            ),
+        };
+        let _ = id;
+        Ok((
+            Node::Comp(Box::new(Comp {
+                range,
+                var1,
+                var2: Some(var2),
+                accu,
+                init,
+                cond,
+                step,
+                result,
+            })),
+            Ty::Bool,
+        ))
+    }
+
+    fn call(&mut self, id: u64, call: &CallExpr) -> R {
+        let fname = call.func_name.as_str();
+        // namespaced globals: target is a plain identifier naming a namespace, not a variable
+        let mut global = fname.to_string();
+        let mut target = call.target.as_deref();
+        if let Some(t) = target {
+            if let Expr::Ident(ns) = &t.expr {
+                let is_var = ns == "device" || self.scopes.iter().any(|(n, _, _)| n == ns);
+                if !is_var
+                    && matches!(
+                        ns.as_str(),
+                        "cel" | "sets" | "lists" | "optional" | "strings" | "math"
+                    )
+                {
+                    global = format!("{ns}.{fname}");
+                    target = None;
+                }
+            }
+        }
+        if global == "cel.bind" && call.args.len() == 3 {
+            let Expr::Ident(var) = &call.args[0].expr else {
+                return Err(self.err(
+                    call.args[0].id,
+                    "cel.bind() variable name must be a simple identifier".into(),
+                ));
+            };
+            let (init, it) = self.compile(&call.args[1])?;
+            let slot = self.push(var, it);
+            let body = self.compile(&call.args[2]);
+            self.pop(1);
+            let (body, bt) = body?;
+            return Ok((
+                Node::Bind {
+                    slot,
+                    init: Box::new(init),
+                    body: Box::new(body),
+                },
+                bt,
+            ));
+        }
+        if let Some(t) = target {
+            if call.args.len() == 3 && matches!(fname, "all" | "exists" | "existsOne") {
+                return self.macro3(id, fname, t, &call.args);
+            }
+        }
+        match fname {
+            "_&&_" | "_||_" => {
+                let (a, at) = self.compile(&call.args[0])?;
+                let (b, bt) = self.compile(&call.args[1])?;
+                if !Ty::Bool.accepts(&at) || !Ty::Bool.accepts(&bt) {
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "found no matching overload for '{fname}' applied to '({at}, {bt})'"
+                        ),
+                    ));
+                }
+                let n = if fname == "_&&_" {
+                    Node::And(Box::new(a), Box::new(b))
+                } else {
+                    Node::OrOp(Box::new(a), Box::new(b))
+                };
+                return Ok((n, Ty::Bool));
+            }
+            "_?_:_" => {
+                let (c, ct) = self.compile(&call.args[0])?;
+                let (a, at) = self.compile(&call.args[1])?;
+                let (b, bt) = self.compile(&call.args[2])?;
+                let rt = if Ty::Bool.accepts(&ct) {
+                    at.unify(&bt)
+                } else {
+                    None
+                };
+                let Some(rt) = rt else {
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "found no matching overload for '_?_:_' applied to '({ct}, {at}, {bt})'"
+                        ),
+                    ));
+                };
+                return Ok((Node::Cond(Box::new(c), Box::new(a), Box::new(b)), rt));
+            }
+            "_?._" => {
+                let (op, t) = self.compile(&call.args[0])?;
+                let Expr::Literal(LiteralValue::String(f)) = &call.args[1].expr else {
+                    return Err(self.err(id, "unsupported optional field selection".into()));
+                };
+                let inner = match &t {
+                    Ty::Device => match f.inner() {
+                        "driver" => Ty::Str,
+                        "attributes" => attr_map_ty(),
+                        "capacity" => cap_map_ty(),
+                        "allowMultipleAllocations" => Ty::Bool,
+                        other => return Err(self.err(id, format!("undefined field '{other}'"))),
+                    },
+                    Ty::Map(_, v) => (**v).clone(),
+                    Ty::Opt(inner) => match &**inner {
+                        Ty::Map(_, v) => (**v).clone(),
+                        _ => Ty::Dyn,
+                    },
+                    t if t.is_dyn() => Ty::Dyn,
+                    _ => {
+                        return Err(
+                            self.err(id, format!("type '{t}' does not support field selection"))
+                        );
+                    }
+                };
+                return Ok((
+                    Node::OptSelect {
+                        operand: Box::new(op),
+                        field: Value::str(f.inner()),
+                    },
+                    Ty::opt(inner),
+                ));
+            }
+            _ => {}
+        }
+        // regex with literal pattern: validate at compile time (ValidateRegexLiterals)
+        if let (Some(t), true) = (
+            target,
+            matches!(fname, "matches" | "find" | "findAll") && call.args.len() == 1,
+        ) {
+            if let Expr::Literal(LiteralValue::String(p)) = &call.args[0].expr {
+                let re = regex::Regex::new(p.inner()).map_err(|e| {
+                    self.err(call.args[0].id, format!("invalid matches argument: {e}"))
+                })?;
+                let (tn, tt) = self.compile(t)?;
+                if !Ty::Str.accepts(&tt) {
+                    return Err(self.err(
+                        id,
+                        format!(
+                            "found no matching overload for '{fname}' applied to '{tt}.(string)'"
+                        ),
+                    ));
+                }
+                let (func, rt) = match fname {
+                    "matches" => (Func::Matches, Ty::Bool),
+                    "find" => (Func::Find, Ty::Str),
+                    _ => (Func::FindAll, Ty::list(Ty::Str)),
+                };
+                return Ok((
+                    Node::RegexCall {
+                        func,
+                        target: Box::new(tn),
+                        re: Arc::new(re),
+                    },
+                    rt,
+                ));
+            }
+        }
+        let mut nodes = Vec::new();
+        let mut tys = Vec::new();
+        if let Some(t) = target {
+            let (n, ty) = self.compile(t)?;
+            nodes.push(n);
+            tys.push(ty);
+        }
+        for a in &call.args {
+            let (n, ty) = self.compile(a)?;
+            nodes.push(n);
+            tys.push(ty);
+        }
+        let member = target.is_some();
+        match resolve(&global, member, &tys) {
+            Ok((func, rt)) => Ok((Node::Call { func, args: nodes }, rt)),
+            Err(None) => {
+                let shown = if member {
+                    format!(
+                        "{}.({})",
+                        tys[0],
+                        tys[1..]
+                            .iter()
+                            .map(|t| t.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                } else {
+                    format!(
+                        "({})",
+                        tys.iter()
+                            .map(|t| t.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                Err(self.err(
+                    id,
+                    format!("found no matching overload for '{global}' applied to '{shown}'"),
+                ))
+            }
+            Err(Some(msg)) => Err(self.err(id, msg)),
+        }
+    }
+}
+
+fn type_name_static(n: &str) -> &'static str {
+    match n {
+        "int" => "int",
+        "uint" => "uint",
+        "double" => "double",
+        "string" => "string",
+        "bool" => "bool",
+        "bytes" => "bytes",
+        "list" => "list",
+        "map" => "map",
+        "null_type" => "null_type",
+        _ => "type",
+    }
+}
+
+fn iter_types(rt: &Ty, two: bool) -> Option<(Ty, Ty)> {
+    match rt {
+        Ty::List(e) => Some(if two {
+            (Ty::Int, (**e).clone())
+        } else {
+            ((**e).clone(), Ty::Dyn)
+        }),
+        Ty::Map(k, v) => Some(((**k).clone(), (**v).clone())),
+        Ty::Dyn | Ty::Any => Some((Ty::Dyn, Ty::Dyn)),
+        _ => None,
+    }
+}
+
+/// Overload resolution: `Err(None)` is "no matching overload", `Err(Some(msg))` another error.
+fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<String>> {
+    use Func as F;
+    use Ty::*;
+    let n = t.len();
+    let d = |i: usize| t[i].is_dyn();
+    let is = |i: usize, ty: &Ty| t[i].is_dyn() || &t[i] == ty;
+    let list_like = |i: usize| matches!(t[i], List(_)) || d(i);
+    let undeclared = || {
+        Some(format!(
+            "undeclared reference to '{name}' (in container '')"
+        ))
+    };
+    macro_rules! ok {
+        ($f:expr, $r:expr) => {
+            return Ok(($f, $r))
+        };
+    }
+    match (name, member, n) {
+        ("_+_", false, 2) => {
+            let u = t[0].unify(&t[1]).ok_or(None)?;
+            match &u {
+                Int | Uint | Double | Str | Bytes | List(_) | Dyn => ok!(F::Add, u),
+                _ => return Err(None),
+            }
+        }
+        ("_-_" | "_*_" | "_/_", false, 2) => {
+            let u = t[0].unify(&t[1]).ok_or(None)?;
+            if u.is_num() || u == Dyn {
+                let f = match name {
+                    "_-_" => F::Sub,
+                    "_*_" => F::Mul,
+                    _ => F::Div,
+                };
+                ok!(f, u)
+            }
+            Err(None)
+        }
+        ("_%_", false, 2) => {
+            let u = t[0].unify(&t[1]).ok_or(None)?;
+            if matches!(u, Int | Uint | Dyn) {
+                ok!(F::Mod, u)
+            }
+            Err(None)
+        }
+        ("-_", false, 1) => {
+            if matches!(t[0], Int | Double) || d(0) {
+                ok!(F::Neg, if d(0) { Dyn } else { t[0].clone() })
+            }
+            Err(None)
+        }
+        ("!_", false, 1) => {
+            if is(0, &Bool) {
+                ok!(F::Not, Bool)
+            }
+            Err(None)
+        }
+        ("@not_strictly_false", false, 1) => ok!(F::NotStrictlyFalse, Bool),
+        ("_==_" | "_!=_", false, 2) => {
+            if t[0].unify(&t[1]).is_some() {
+                ok!(if name == "_==_" { F::Eq } else { F::Ne }, Bool)
+            }
+            Err(None)
+        }
+        ("_<_" | "_<=_" | "_>_" | "_>=_", false, 2) => {
+            let okk = (t[0].is_num() || d(0)) && (t[1].is_num() || d(1))
+                || t[0]
+                    .unify(&t[1])
+                    .is_some_and(|u| matches!(u, Str | Bytes | Bool | Dyn));
+            if okk {
+                let f = match name {
+                    "_<_" => F::Lt,
+                    "_<=_" => F::Le,
+                    "_>_" => F::Gt,
+                    _ => F::Ge,
+                };
+                ok!(f, Bool)
+            }
+            Err(None)
+        }
+        ("@in", false, 2) => match &t[1] {
+            List(e) if e.unify(&t[0]).is_some() => ok!(F::In, Bool),
+            Map(k, _) if k.unify(&t[0]).is_some() => ok!(F::In, Bool),
+            x if x.is_dyn() => ok!(F::In, Bool),
+            _ => Err(None),
+        },
+        ("_[_]", false, 2) => match &t[0] {
+            List(e) if is(1, &Int) || t[1] == Uint || t[1] == Double => {
+                ok!(F::Index, (**e).clone())
+            }
+            Map(k, v) if k.unify(&t[1]).is_some() => ok!(F::Index, (**v).clone()),
+            x if x.is_dyn() => ok!(F::Index, Dyn),
+            _ => Err(None),
+        },
+        ("_[?_]", false, 2) => match &t[0] {
+            List(e) => ok!(F::OptIndex, Ty::opt((**e).clone())),
+            Map(_, v) => ok!(F::OptIndex, Ty::opt((**v).clone())),
+            Opt(inner) => ok!(F::OptIndex, Ty::opt(inner.elem())),
+            x if x.is_dyn() => ok!(F::OptIndex, Ty::opt(Dyn)),
+            _ => Err(None),
+        },
+        ("size", _, 1) => {
+            if matches!(t[0], Str | Bytes | List(_) | Map(_, _)) || d(0) {
+                ok!(F::Size, Int)
+            }
+            Err(None)
+        }
+        ("contains" | "startsWith" | "endsWith", true, 2) => {
+            if is(0, &Str) && is(1, &Str) {
+                let f = match name {
+                    "contains" => F::Contains,
+                    "startsWith" => F::StartsWith,
+                    _ => F::EndsWith,
+                };
+                ok!(f, Bool)
+            }
+            Err(None)
+        }
+        ("matches", _, 2) => {
+            if is(0, &Str) && is(1, &Str) {
+                ok!(F::Matches, Bool)
+            }
+            Err(None)
+        }
+        ("find", true, 2) if is(0, &Str) && is(1, &Str) => ok!(F::Find, Str),
+        ("findAll", true, 2) if is(0, &Str) && is(1, &Str) => ok!(F::FindAll, List(Box::new(Str))),
+        ("findAll", true, 3) if is(0, &Str) && is(1, &Str) && is(2, &Int) => {
+            ok!(F::FindAll, List(Box::new(Str)))
+        }
+        ("int", false, 1) if matches!(t[0], Int | Uint | Double | Str) || d(0) => {
+            ok!(F::ToInt, Int)
+        }
+        ("uint", false, 1) if matches!(t[0], Int | Uint | Double | Str) || d(0) => {
+            ok!(F::ToUint, Uint)
+        }
+        ("double", false, 1) if matches!(t[0], Int | Uint | Double | Str) || d(0) => {
+            ok!(F::ToDouble, Double)
+        }
+        ("string", false, 1)
+            if matches!(t[0], Int | Uint | Double | Str | Bool | Bytes) || d(0) =>
+        {
+            ok!(F::ToString, Str)
+        }
+        ("bool", false, 1) if matches!(t[0], Bool | Str) || d(0) => ok!(F::ToBool, Bool),
+        ("type", false, 1) => ok!(F::TypeOf, Type),
+        ("dyn", false, 1) => ok!(F::Dyn, Dyn),
+        ("quantity", false, 1) if is(0, &Str) => ok!(F::Quantity, Quantity),
+        ("isQuantity", false, 1) if is(0, &Str) => ok!(F::IsQuantity, Bool),
+        ("isInteger", true, 1) if is(0, &Quantity) => ok!(F::QIsInteger, Bool),
+        ("asInteger", true, 1) if is(0, &Quantity) => ok!(F::QAsInteger, Int),
+        ("asApproximateFloat", true, 1) if is(0, &Quantity) => ok!(F::QAsApproximateFloat, Double),
+        ("sign", true, 1) if is(0, &Quantity) => ok!(F::QSign, Int),
+        ("add" | "sub", true, 2) if is(0, &Quantity) && (is(1, &Quantity) || t[1] == Int) => {
+            ok!(if name == "add" { F::QAdd } else { F::QSub }, Quantity)
+        }
+        ("isGreaterThan" | "isLessThan" | "compareTo", true, 2)
+            if (is(0, &Quantity) && is(1, &Quantity)) || (is(0, &Semver) && is(1, &Semver)) =>
+        {
+            match name {
+                "isGreaterThan" => ok!(F::IsGreaterThan, Bool),
+                "isLessThan" => ok!(F::IsLessThan, Bool),
+                _ => ok!(F::CompareTo, Int),
+            }
+        }
+        ("semver", false, 1) if is(0, &Str) => ok!(F::Semver, Semver),
+        ("semver", false, 2) if is(0, &Str) && is(1, &Bool) => ok!(F::Semver, Semver),
+        ("isSemver", false, 1) if is(0, &Str) => ok!(F::IsSemver, Bool),
+        ("isSemver", false, 2) if is(0, &Str) && is(1, &Bool) => ok!(F::IsSemver, Bool),
+        ("major" | "minor" | "patch", true, 1) if is(0, &Semver) => match name {
+            "major" => ok!(F::Major, Int),
+            "minor" => ok!(F::Minor, Int),
+            _ => ok!(F::Patch, Int),
+        },
+        ("charAt", true, 2) if is(0, &Str) && is(1, &Int) => ok!(F::CharAt, Str),
+        ("indexOf" | "lastIndexOf", true, 2 | 3) if t[0] == Str || (d(0) && is(1, &Str)) => {
+            if is(1, &Str) && (n == 2 || is(2, &Int)) {
+                ok!(
+                    if name == "indexOf" {
+                        F::IndexOf
+                    } else {
+                        F::LastIndexOf
+                    },
+                    Int
+                )
+            }
+            Err(None)
+        }
+        ("indexOf" | "lastIndexOf", true, 2) if list_like(0) => {
+            ok!(
+                if name == "indexOf" {
+                    F::IndexOf
+                } else {
+                    F::LastIndexOf
+                },
+                Int
+            )
+        }
+        ("lowerAscii", true, 1) if is(0, &Str) => ok!(F::LowerAscii, Str),
+        ("upperAscii", true, 1) if is(0, &Str) => ok!(F::UpperAscii, Str),
+        ("trim", true, 1) if is(0, &Str) => ok!(F::Trim, Str),
+        ("replace", true, 3 | 4)
+            if is(0, &Str) && is(1, &Str) && is(2, &Str) && (n == 3 || is(3, &Int)) =>
+        {
+            ok!(F::Replace, Str)
+        }
+        ("split", true, 2 | 3) if is(0, &Str) && is(1, &Str) && (n == 2 || is(2, &Int)) => {
+            ok!(F::Split, List(Box::new(Str)))
+        }
+        ("substring", true, 2 | 3) if is(0, &Str) && is(1, &Int) && (n == 2 || is(2, &Int)) => {
+            ok!(F::Substring, Str)
+        }
+        ("join", true, 1 | 2)
+            if (t[0] == List(Box::new(Str)) || list_like(0)) && (n == 1 || is(1, &Str)) =>
+        {
+            ok!(F::Join, Str)
+        }
+        ("reverse", true, 1) if is(0, &Str) => ok!(F::Reverse, Str),
+        ("reverse", true, 1) if list_like(0) => ok!(F::Reverse, t[0].clone()),
+        ("isSorted", true, 1) if list_like(0) => ok!(F::IsSorted, Bool),
+        ("sum", true, 1) if list_like(0) => ok!(F::Sum, t[0].elem()),
+        ("min" | "max", true, 1) if list_like(0) => {
+            ok!(if name == "min" { F::Min } else { F::Max }, t[0].elem())
+        }
+        ("slice", true, 3) if list_like(0) && is(1, &Int) && is(2, &Int) => {
+            ok!(F::Slice, t[0].clone())
+        }
+        ("flatten", true, 1 | 2) if list_like(0) => ok!(F::Flatten, List(Box::new(Dyn))),
+        ("distinct", true, 1) if list_like(0) => ok!(F::Distinct, t[0].clone()),
+        ("sort", true, 1) if list_like(0) => ok!(F::Sort, t[0].clone()),
+        ("first" | "last", true, 1) if list_like(0) => {
+            ok!(
+                if name == "first" { F::First } else { F::Last },
+                Ty::opt(t[0].elem())
+            )
+        }
+        ("lists.range", false, 1) if is(0, &Int) => ok!(F::ListsRange, List(Box::new(Int))),
+        ("sets.contains" | "sets.equivalent" | "sets.intersects", false, 2)
+            if list_like(0) && list_like(1) =>
+        {
+            if t[0].unify(&t[1]).is_none() {
+                return Err(None);
+            }
+            match name {
+                "sets.contains" => ok!(F::SetsContains, Bool),
+                "sets.equivalent" => ok!(F::SetsEquivalent, Bool),
+                _ => ok!(F::SetsIntersects, Bool),
+            }
+        }
+        ("optional.of", false, 1) => ok!(F::OptionalOf, Ty::opt(t[0].clone())),
+        ("optional.ofNonZeroValue", false, 1) => ok!(F::OptionalOfNonZero, Ty::opt(t[0].clone())),
+        ("optional.none", false, 0) => ok!(F::OptionalNone, Ty::opt(Dyn)),
+        ("hasValue", true, 1) if matches!(t[0], Opt(_)) || d(0) => ok!(F::HasValue, Bool),
+        ("value", true, 1) if matches!(t[0], Opt(_)) || d(0) => ok!(F::OptValue, inner_opt(&t[0])),
+        ("orValue", true, 2) if matches!(t[0], Opt(_)) || d(0) => {
+            let it = inner_opt(&t[0]);
+            let u = it.unify(&t[1]).ok_or(None)?;
+            ok!(F::OrValue, u)
+        }
+        ("or", true, 2) if (matches!(t[0], Opt(_)) || d(0)) && (matches!(t[1], Opt(_)) || d(1)) => {
+            let u = t[0].unify(&t[1]).ok_or(None)?;
+            ok!(F::Or, u)
+        }
+        _ => {
+            if known_function(name) {
+                Err(None)
+            } else {
+                Err(undeclared())
+            }
+        }
+    }
+}
+
+fn inner_opt(t: &Ty) -> Ty {
+    match t {
+        Ty::Opt(i) => (**i).clone(),
+        _ => Ty::Dyn,
+    }
+}
+
+fn known_function(name: &str) -> bool {
+    matches!(
+        name,
+        "_+_"
+            | "_-_"
+            | "_*_"
+            | "_/_"
+            | "_%_"
+            | "-_"
+            | "!_"
+            | "_==_"
+            | "_!=_"
+            | "_<_"
+            | "_<=_"
+            | "_>_"
+            | "_>=_"
+            | "@in"
+            | "_[_]"
+            | "_[?_]"
+            | "size"
+            | "contains"
+            | "startsWith"
+            | "endsWith"
+            | "matches"
+            | "find"
+            | "findAll"
+            | "int"
+            | "uint"
+            | "double"
+            | "string"
+            | "bool"
+            | "type"
+            | "dyn"
+            | "quantity"
+            | "isQuantity"
+            | "isInteger"
+            | "asInteger"
+            | "asApproximateFloat"
+            | "sign"
+            | "add"
+            | "sub"
+            | "isGreaterThan"
+            | "isLessThan"
+            | "compareTo"
+            | "semver"
+            | "isSemver"
+            | "major"
+            | "minor"
+            | "patch"
+            | "charAt"
+            | "indexOf"
+            | "lastIndexOf"
+            | "lowerAscii"
+            | "upperAscii"
+            | "trim"
+            | "replace"
+            | "split"
+            | "substring"
+            | "join"
+            | "reverse"
+            | "isSorted"
+            | "sum"
+            | "min"
+            | "max"
+            | "slice"
+            | "flatten"
+            | "distinct"
+            | "sort"
+            | "first"
+            | "last"
+            | "lists.range"
+            | "sets.contains"
+            | "sets.equivalent"
+            | "sets.intersects"
+            | "optional.of"
+            | "optional.ofNonZeroValue"
+            | "optional.none"
+            | "hasValue"
+            | "value"
+            | "orValue"
+            | "or"
+    )
+}

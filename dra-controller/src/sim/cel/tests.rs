@@ -1,0 +1,409 @@
+//! Cases from the upstream `compile_test.go` table (written from its facts) plus library checks.
+use super::*;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as KQ;
+
+enum A {
+    B(bool),
+    I(i64),
+    S(&'static str),
+    V(&'static str),
+}
+
+fn dev(driver: &str, attrs: &[(&str, A)], caps: &[(&str, &str)], multi: bool) -> Value {
+    let attrs: BTreeMap<String, DeviceAttribute> = attrs
+        .iter()
+        .map(|(k, v)| {
+            let mut a = DeviceAttribute::default();
+            match v {
+                A::B(b) => a.bool = Some(*b),
+                A::I(i) => a.int = Some(*i),
+                A::S(s) => a.string = Some(s.to_string()),
+                A::V(s) => a.version = Some(s.to_string()),
+            }
+            (k.to_string(), a)
+        })
+        .collect();
+    let caps: BTreeMap<String, DeviceCapacity> = caps
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.to_string(),
+                DeviceCapacity {
+                    value: KQ(v.to_string()),
+                    ..Default::default()
+                },
+            )
+        })
+        .collect();
+    device_value(driver, Some(&attrs), Some(&caps), multi).unwrap()
+}
+
+fn run(expr: &str, d: &Value) -> Result<bool, String> {
+    compile(expr)?.eval(d)
+}
+
+const DRV: &str = "dra.example.com";
+
+#[test]
+fn basics_and_compile_errors() {
+    let d = dev("", &[], &[], false);
+    assert_eq!(run("true", &d), Ok(true));
+    assert_eq!(run("false", &d), Ok(false));
+    let e = compile("?!").unwrap_err();
+    assert!(e.contains("Syntax error"), "{e}");
+    let e = compile("1").unwrap_err();
+    assert!(
+        e.contains("must evaluate to bool or the unknown type, not int"),
+        "{e}"
+    );
+    let e = compile("device.nope").unwrap_err();
+    assert!(e.contains("undefined field 'nope'"), "{e}");
+    let e = compile("foo == 1").unwrap_err();
+    assert!(e.contains("undeclared reference to 'foo'"), "{e}");
+    let e = compile("device.driver + 1 == 'a'").unwrap_err();
+    assert!(
+        e.contains("found no matching overload for '_+_' applied to '(string, int)'"),
+        "{e}"
+    );
+    let e = compile("[1, 'a'].size() == 2").unwrap_err();
+    assert!(e.contains("expected type 'int' but found 'string'"), "{e}");
+    let e = compile("'a'.matches('[')").unwrap_err();
+    assert!(e.contains("compilation failed"), "{e}");
+    assert!(compile("dyn(true)").is_err());
+}
+
+#[test]
+fn lookup_errors_and_domains() {
+    let d = dev("", &[], &[], false);
+    for e in [
+        r#"device.attributes["no-such-domain"].noSuchAttr.isGreaterThan(quantity("0"))"#,
+        r#"device.attributes["no-such-domain"]["noSuchAttr"].isGreaterThan(quantity("0"))"#,
+    ] {
+        let err = run(e, &d).unwrap_err();
+        assert!(err.contains("no such key: noSuchAttr"), "{err}");
+        assert!(enhance_runtime_error(&err).contains("consider using CEL optional chaining"));
+    }
+    assert_eq!(
+        run(r#""no-such-domain" in device.attributes"#, &d),
+        Ok(false)
+    );
+    let d = dev(DRV, &[("name", A::B(true))], &[], false);
+    assert_eq!(
+        run(r#""dra.example.com" in device.attributes"#, &d),
+        Ok(true)
+    );
+    assert_eq!(run(r#"device.driver == "dra.example.com""#, &d), Ok(true));
+    assert_eq!(
+        run(r#"device.attributes["dra.example.com"].name"#, &d),
+        Ok(true)
+    );
+    assert_eq!(
+        run(r#"device.attributes["dra.example.com"]["name"]"#, &d),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"cel.bind(dra, device.attributes["dra.example.com"], dra.name)"#,
+            &d
+        ),
+        Ok(true)
+    );
+    let d = dev(DRV, &[("other.example.com/name", A::B(true))], &[], false);
+    assert_eq!(
+        run(r#"device.attributes["other.example.com"].name"#, &d),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].?name.orValue(false) == false"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(r#"has(device.attributes["other.example.com"].name)"#, &d),
+        Ok(true)
+    );
+    assert_eq!(
+        run(r#"has(device.attributes["other.example.com"].nope)"#, &d),
+        Ok(false)
+    );
+}
+
+#[test]
+fn scalar_types_and_macros() {
+    let d = dev(DRV, &[("name", A::I(1))], &[], false);
+    assert_eq!(
+        run(r#"device.attributes["dra.example.com"].name > 0"#, &d),
+        Ok(true)
+    );
+    let err = run(
+        r#"device.attributes["dra.example.com"].name.exists(x, x > 0)"#,
+        &d,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("got 'types.Int', expected iterable type"),
+        "{err}"
+    );
+    let d = dev(DRV, &[("name", A::B(true))], &[], false);
+    let err = run(
+        r#"device.attributes["dra.example.com"].name.exists(x, x == true)"#,
+        &d,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("got 'types.Bool', expected iterable type"),
+        "{err}"
+    );
+    let d = dev(DRV, &[("name", A::S("fish"))], &[], false);
+    assert_eq!(
+        run(r#"device.attributes["dra.example.com"].name == "fish""#, &d),
+        Ok(true)
+    );
+    let err = run(
+        r#"device.attributes["dra.example.com"].name.exists(x, x == "fish")"#,
+        &d,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("got 'types.String', expected iterable type"),
+        "{err}"
+    );
+    let d = dev(DRV, &[("name", A::V("1.0.0"))], &[], false);
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].name.isGreaterThan(semver("0.0.1"))"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].name.isGreaterThan(semver("v0.0.1", true)) && isSemver("v1.0.0", true)"#,
+            &d
+        ),
+        Ok(true)
+    );
+    let err = run(
+        r#"device.attributes["dra.example.com"].name.exists(x, x.isGreaterThan(semver("0.0.1")))"#,
+        &d,
+    )
+    .unwrap_err();
+    assert!(
+        err.contains("got 'cel.Semver', expected iterable type"),
+        "{err}"
+    );
+    // a version attribute compared with a string is a runtime error, not false
+    assert!(
+        run(
+            r#"device.attributes["dra.example.com"].name == "1.0.0""#,
+            &d
+        )
+        .is_err()
+    );
+}
+
+#[test]
+fn capacity_and_composites() {
+    let d = dev(DRV, &[], &[("name", "1Mi")], false);
+    assert_eq!(
+        run(
+            r#"device.capacity["dra.example.com"].name.isGreaterThan(quantity("1Ki"))"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#""name" in device.capacity["dra.example.com"] && device.capacity["dra.example.com"].name.isGreaterThan(quantity("1Ki"))"#,
+            &d
+        ),
+        Ok(true)
+    );
+    let d0 = dev(DRV, &[], &[], false);
+    assert_eq!(
+        run(
+            r#"!("name" in device.capacity["dra.example.com"]) || device.capacity["dra.example.com"].name.isGreaterThan(quantity("1Ki"))"#,
+            &d0
+        ),
+        Ok(true)
+    );
+    let all = r#"
+device.capacity["dra.example.com"].quantity.isGreaterThan(quantity("1Ki")) &&
+device.attributes["dra.example.com"].bool &&
+device.attributes["dra.example.com"].int > 0 &&
+device.attributes["dra.example.com"].string == "fish" &&
+device.attributes["dra.example.com"].version.isGreaterThan(semver("0.0.1")) &&
+device.capacity["dra.example.com"]["quantity"].isGreaterThan(quantity("1Ki")) &&
+device.attributes["dra.example.com"]["bool"] &&
+device.attributes["dra.example.com"]["int"] > 0 &&
+device.attributes["dra.example.com"]["string"] == "fish" &&
+device.attributes["dra.example.com"]["version"].isGreaterThan(semver("0.0.1"))
+"#;
+    let d = dev(
+        DRV,
+        &[
+            ("bool", A::B(true)),
+            ("int", A::I(1)),
+            ("string", A::S("fish")),
+            ("version", A::V("1.0.0")),
+        ],
+        &[("quantity", "1Mi")],
+        false,
+    );
+    assert_eq!(run(all, &d), Ok(true));
+    let d = dev(
+        DRV,
+        &[("a", A::B(true)), ("b", A::B(true)), ("c", A::B(true))],
+        &[],
+        false,
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].a && device.attributes["dra.example.com"].b && device.attributes["dra.example.com"].c"#,
+            &d
+        ),
+        Ok(true)
+    );
+}
+
+#[test]
+fn map_iteration_strings_regex() {
+    let d = dev(
+        DRV,
+        &[("services", A::S("some_example_sym"))],
+        &[("memory", "1Gi")],
+        false,
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes.exists_one(x, x == "dra.example.com")"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].exists_one(x, x == "services")"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].services.split("example").size() >= 2"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].services.matches("[^a]?sym")"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.capacity.exists_one(x, x == "dra.example.com")"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.capacity["dra.example.com"].exists_one(x, x == "memory")"#,
+            &d
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            r#"device.attributes["dra.example.com"].all(k, v, k == "services" && v.startsWith("some"))"#,
+            &d
+        ),
+        Ok(true)
+    );
+}
+
+#[test]
+fn cost_limit() {
+    let d = dev("", &[], &[], false);
+    let e = "[1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(x, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(y, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(z, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(z2, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(z3, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(z4, [1, 2, 3, 4, 5, 6, 7, 8, 9, 10].all(z5, int('1'.find('[0-9]*')) < 100)))))))";
+    let err = run(e, &d).unwrap_err();
+    assert!(err.contains("actual cost limit exceeded"), "{err}");
+}
+
+#[test]
+fn allow_multiple_allocations() {
+    assert_eq!(
+        run(
+            "device.allowMultipleAllocations == true",
+            &dev("", &[], &[], true)
+        ),
+        Ok(true)
+    );
+    assert_eq!(
+        run(
+            "device.allowMultipleAllocations == false",
+            &dev("", &[], &[], false)
+        ),
+        Ok(true)
+    );
+}
+
+#[test]
+fn libraries() {
+    let d = dev("", &[], &[], false);
+    let t = |e: &str| assert_eq!(run(e, &d), Ok(true), "{e}");
+    t(
+        "quantity('1.5Gi').isGreaterThan(quantity('1Gi')) && quantity('1Gi').compareTo(quantity('1024Mi')) == 0",
+    );
+    t("quantity('1').add(2) == quantity('3') && quantity('5').sub(quantity('2')).asInteger() == 3");
+    t(
+        "!quantity('1.5').isInteger() && quantity('-2').sign() == -1 && quantity('500m').asApproximateFloat() == 0.5",
+    );
+    t("isQuantity('1Ki') && !isQuantity('1KB')");
+    t(
+        "semver('1.2.3').major() == 1 && semver('1.2.3').minor() == 2 && semver('1.2.3').patch() == 3",
+    );
+    t(
+        "semver('1.0.0-rc.1').isLessThan(semver('1.0.0')) && !isSemver('v1.0.0') && isSemver('v1', true)",
+    );
+    t("'hello'.charAt(1) == 'e' && 'hello'.indexOf('l') == 2 && 'hello'.lastIndexOf('l') == 3");
+    t(
+        "'Hello'.lowerAscii() == 'hello' && 'a,b,c'.split(',') == ['a', 'b', 'c'] && ' x '.trim() == 'x'",
+    );
+    t(
+        "'hello'.substring(1, 3) == 'el' && ['a', 'b'].join('-') == 'a-b' && 'aaa'.replace('a', 'b', 2) == 'bba'",
+    );
+    t("'abc123'.find('[0-9]+') == '123' && 'a1b2'.findAll('[0-9]') == ['1', '2']");
+    t("[1, 2, 3].isSorted() && [1, 2, 3].sum() == 6 && [3, 1].min() == 1 && [3, 1].max() == 3");
+    t(
+        "[1, 2, 3].slice(1, 3) == [2, 3] && [[1], [2]].flatten() == [1, 2] && [1, 1, 2].distinct() == [1, 2]",
+    );
+    t("lists.range(3) == [0, 1, 2] && [1, 2].reverse() == [2, 1] && [2, 1].sort() == [1, 2]");
+    t("[1, 2].first().value() == 1 && !([].first().hasValue())");
+    t(
+        "sets.contains([1, 2], [1]) && sets.equivalent([1, 2], [2, 1]) && sets.intersects([1], [1, 3])",
+    );
+    t(
+        "optional.of(1).orValue(2) == 1 && optional.none().orValue(2) == 2 && {'a': 1}[?'b'].orValue(3) == 3",
+    );
+    t(
+        "[1, 2].map(x, x * 2) == [2, 4] && [1, 2, 3].filter(x, x > 1).size() == 2 && [1, 2].exists_one(x, x == 2)",
+    );
+    t("1 < 1.5 && 2u > 1 && 1 == 1 && (1 / 0 == 1 || true) && (false && 1 / 0 == 1) == false");
+    t("{'a': 1}.exists(k, v, v == 1) && [5, 6].all(i, v, v - i == 5 || v - i == 5)");
+    assert!(
+        run("1 / 0 == 1", &d)
+            .unwrap_err()
+            .contains("division by zero")
+    );
+    assert!(
+        run("9223372036854775807 + 1 > 0", &d)
+            .unwrap_err()
+            .contains("overflow")
+    );
+}

@@ -1,0 +1,201 @@
+//! Runtime values of the DRA CEL environment.
+use super::quantity::Quantity;
+use super::semver::Semver;
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+#[derive(Clone, Debug)]
+pub enum Value {
+    Null,
+    Bool(bool),
+    Int(i64),
+    Uint(u64),
+    Double(f64),
+    Str(Arc<str>),
+    Bytes(Arc<[u8]>),
+    List(Arc<Vec<Value>>),
+    Map(Arc<MapVal>),
+    Quantity(Quantity),
+    Semver(Arc<Semver>),
+    Optional(Option<Arc<Value>>),
+    Type(&'static str),
+    Device(Arc<DeviceVal>),
+}
+
+/// A CEL map. Small (≤32 entries in DRA), so a vector with linear lookup beats hashing.
+/// `default_empty` marks `device.attributes` / `device.capacity`: a missing domain reads as an
+/// empty map (what the Kubernetes `mapper` wrapper does), while `in` still says false.
+#[derive(Debug, Default)]
+pub struct MapVal {
+    pub entries: Vec<(Value, Value)>,
+    pub default_empty: bool,
+}
+
+#[derive(Debug)]
+pub struct DeviceVal {
+    pub driver: Value,
+    pub attributes: Value,
+    pub capacity: Value,
+    pub allow_multiple_allocations: bool,
+}
+
+pub type EvalResult = Result<Value, String>;
+
+pub const NO_OVERLOAD: &str = "no such overload";
+
+impl Value {
+    pub fn str(s: &str) -> Value {
+        Value::Str(Arc::from(s))
+    }
+    pub fn empty_map() -> Value {
+        Value::Map(Arc::new(MapVal::default()))
+    }
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "null_type",
+            Value::Bool(_) => "bool",
+            Value::Int(_) => "int",
+            Value::Uint(_) => "uint",
+            Value::Double(_) => "double",
+            Value::Str(_) => "string",
+            Value::Bytes(_) => "bytes",
+            Value::List(_) => "list",
+            Value::Map(_) => "map",
+            Value::Quantity(_) => "kubernetes.Quantity",
+            Value::Semver(_) => "kubernetes.Semver",
+            Value::Optional(_) => "optional_type",
+            Value::Type(_) => "type",
+            Value::Device(_) => "kubernetes.DRADevice",
+        }
+    }
+    /// The cel-go Go type name used in some runtime errors (`types.Int`, ...).
+    pub fn go_type_name(&self) -> &'static str {
+        match self {
+            Value::Null => "types.Null",
+            Value::Bool(_) => "types.Bool",
+            Value::Int(_) => "types.Int",
+            Value::Uint(_) => "types.Uint",
+            Value::Double(_) => "types.Double",
+            Value::Str(_) => "types.String",
+            Value::Bytes(_) => "types.Bytes",
+            Value::List(_) => "types.baseList",
+            Value::Map(_) => "types.baseMap",
+            Value::Quantity(_) => "cel.Quantity",
+            Value::Semver(_) => "cel.Semver",
+            Value::Optional(_) => "*types.Optional",
+            Value::Type(_) => "*types.Type",
+            Value::Device(_) => "*types.baseMap",
+        }
+    }
+}
+
+impl MapVal {
+    pub fn get(&self, key: &Value) -> Option<&Value> {
+        if let Value::Str(k) = key {
+            for (ek, ev) in &self.entries {
+                if let Value::Str(s) = ek {
+                    if s.as_ref() == k.as_ref() {
+                        return Some(ev);
+                    }
+                }
+            }
+            return None;
+        }
+        self.entries
+            .iter()
+            .find(|(ek, _)| matches!(equals(ek, key), Ok(true)))
+            .map(|(_, v)| v)
+    }
+    pub fn get_str(&self, key: &str) -> Option<&Value> {
+        self.entries.iter().find_map(|(ek, ev)| match ek {
+            Value::Str(s) if s.as_ref() == key => Some(ev),
+            _ => None,
+        })
+    }
+}
+
+/// cel-go numeric cross-type comparison.
+pub fn num_cmp(a: &Value, b: &Value) -> Option<Ordering> {
+    use Value::*;
+    Some(match (a, b) {
+        (Int(x), Int(y)) => x.cmp(y),
+        (Uint(x), Uint(y)) => x.cmp(y),
+        (Double(x), Double(y)) => x.partial_cmp(y)?,
+        (Int(x), Uint(y)) => {
+            if *x < 0 {
+                Ordering::Less
+            } else {
+                (*x as u64).cmp(y)
+            }
+        }
+        (Uint(x), Int(y)) => {
+            if *y < 0 {
+                Ordering::Greater
+            } else {
+                x.cmp(&(*y as u64))
+            }
+        }
+        (Int(x), Double(y)) => cmp_i_d(*x as f64, *y)?,
+        (Double(x), Int(y)) => cmp_i_d(*x, *y as f64)?,
+        (Uint(x), Double(y)) => cmp_i_d(*x as f64, *y)?,
+        (Double(x), Uint(y)) => cmp_i_d(*x, *y as f64)?,
+        _ => return None,
+    })
+}
+
+fn cmp_i_d(a: f64, b: f64) -> Option<Ordering> {
+    a.partial_cmp(&b)
+}
+
+/// cel-go heterogeneous equality (`types.Equal` then `lhs.Equal(rhs)`).
+pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
+    use Value::*;
+    Ok(match (a, b) {
+        (Null, Null) => true,
+        (Null, _) | (_, Null) => false,
+        (Bool(x), Bool(y)) => x == y,
+        (Str(x), Str(y)) => x == y,
+        (Bytes(x), Bytes(y)) => x == y,
+        (Int(_) | Uint(_) | Double(_), Int(_) | Uint(_) | Double(_)) => {
+            num_cmp(a, b) == Some(Ordering::Equal)
+        }
+        (List(x), List(y)) => {
+            if x.len() != y.len() {
+                return Ok(false);
+            }
+            for (p, q) in x.iter().zip(y.iter()) {
+                if !equals(p, q)? {
+                    return Ok(false);
+                }
+            }
+            true
+        }
+        (Map(x), Map(y)) => {
+            if x.entries.len() != y.entries.len() {
+                return Ok(false);
+            }
+            for (k, v) in &x.entries {
+                match y.get(k) {
+                    Some(w) => {
+                        if !equals(v, w)? {
+                            return Ok(false);
+                        }
+                    }
+                    None => return Ok(false),
+                }
+            }
+            true
+        }
+        (Quantity(x), Quantity(y)) => x.cmp_q(y) == Ordering::Equal,
+        (Quantity(_), _) => return Err(NO_OVERLOAD.into()),
+        (Semver(x), Semver(y)) => x.compare(y) == Ordering::Equal,
+        (Semver(_), _) => return Err(NO_OVERLOAD.into()),
+        (Optional(x), Optional(y)) => match (x, y) {
+            (None, None) => true,
+            (Some(p), Some(q)) => equals(p, q)?,
+            _ => false,
+        },
+        (Type(x), Type(y)) => x == y,
+        _ => false,
+    })
+}
