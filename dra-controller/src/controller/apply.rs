@@ -1,0 +1,48 @@
+//! Server-side apply and delete helpers, all under the one field manager.
+use std::fmt::Debug;
+
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PropagationPolicy};
+use kube::{Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::error::{Error, Result};
+use super::labels::FIELD_MANAGER;
+
+pub fn params() -> PatchParams {
+    PatchParams::apply(FIELD_MANAGER).force()
+}
+
+/// Apply `obj` as the whole of what we want of it; fields we applied before and omit now are removed.
+pub async fn apply<K>(api: &Api<K>, obj: &K) -> Result<K>
+where
+    K: Resource + Serialize + DeserializeOwned + Clone + Debug,
+{
+    let name = obj
+        .meta()
+        .name
+        .clone()
+        .ok_or(Error::MissingField("metadata.name"))?;
+    Ok(api.patch(&name, &params(), &Patch::Apply(obj)).await?)
+}
+
+/// Delete in the foreground. `true` while the object (or its dependents) still exists.
+pub async fn delete<K>(api: &Api<K>, name: &str) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Foreground),
+        ..Default::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(either) => Ok(either.is_left()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Names of the objects a list returned, for logs.
+pub fn names<K: Resource>(objs: &[K]) -> Vec<String> {
+    objs.iter().map(|o| o.name_any()).collect()
+}

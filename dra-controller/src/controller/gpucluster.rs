@@ -1,0 +1,319 @@
+//! The GPUCluster reconciler: DeviceClasses, RBAC, the VAP, the kubelet-plugin DaemonSet, the
+//! ComputeDomain controller, pool node labels and status; ordered teardown behind a finalizer.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::json;
+use tracing::{info, instrument, warn};
+
+use super::apply::{apply, delete, params};
+use super::crd::{GPUCluster, GPUClusterSpec};
+use super::error::{Error, Result};
+use super::labels::{
+    COMPONENT, COMPUTE_DOMAIN_DRIVER, GPU_DRIVER, GPU_RESOURCE, GPUCLUSTER_FINALIZER,
+};
+use super::metrics::Metrics;
+use super::pool::{self, NodeFacts, PoolPlan};
+use super::render::{self, CD_CONTROLLER, PLUGIN, Target};
+use super::{deviceclasses, status};
+
+/// Label value of `app.kubernetes.io/component` on per-domain IMEX daemon DaemonSets.
+pub const CD_DAEMON_COMPONENT: &str = "compute-domain-daemon";
+
+/// Shared by every reconcile.
+pub struct Ctx {
+    pub client: Client,
+    /// Where the driver's namespaced objects live.
+    pub namespace: String,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Requeue while a node or teardown step waits on something no watch announces promptly.
+const SHORT_REQUEUE: Duration = Duration::from_secs(5);
+const RESYNC: Duration = Duration::from_secs(300);
+
+#[instrument(skip(gc, ctx), fields(name = %gc.name_any()))]
+pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile.measure("gpucluster");
+    let api: Api<GPUCluster> = Api::all(ctx.client.clone());
+    let name = gc.name_any();
+    let has_finalizer = gc.finalizers().iter().any(|f| f == GPUCLUSTER_FINALIZER);
+    if gc.meta().deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(Action::await_change());
+        }
+        return match teardown(&ctx).await? {
+            Teardown::Waiting(what) => {
+                info!(waiting_for = what, "teardown in progress");
+                Ok(Action::requeue(SHORT_REQUEUE))
+            }
+            Teardown::Done => {
+                let rest: Vec<_> = gc
+                    .finalizers()
+                    .iter()
+                    .filter(|f| *f != GPUCLUSTER_FINALIZER)
+                    .collect();
+                let patch = json!({ "metadata": { "finalizers": rest, "resourceVersion": gc.resource_version() } });
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+                    .await?;
+                Ok(Action::await_change())
+            }
+        };
+    }
+    if !has_finalizer {
+        let mut fins = gc.finalizers().to_vec();
+        fins.push(GPUCLUSTER_FINALIZER.to_owned());
+        let patch =
+            json!({ "metadata": { "finalizers": fins, "resourceVersion": gc.resource_version() } });
+        api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        return Ok(Action::await_change());
+    }
+    converge(&gc, &ctx).await
+}
+
+/// Pure: how long to wait after a failure. Bad input waits longer than API trouble.
+pub fn error_policy(_gc: Arc<GPUCluster>, err: &Error, ctx: Arc<Ctx>) -> Action {
+    ctx.metrics.reconcile.failure("gpucluster", err);
+    match err {
+        Error::Selector(_) | Error::Manifest { .. } => Action::requeue(RESYNC),
+        _ => Action::requeue(Duration::from_secs(15)),
+    }
+}
+
+async fn converge(gc: &GPUCluster, ctx: &Ctx) -> Result<Action> {
+    let client = &ctx.client;
+    let ns = ctx.namespace.as_str();
+    let owner = gc
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingField("metadata.uid"))?;
+    let spec: &GPUClusterSpec = &gc.spec;
+    let target = Target {
+        namespace: ns,
+        owner,
+        spec,
+    };
+
+    let plan = observe_pool(ctx, spec).await?;
+
+    let classes: Api<DeviceClass> = Api::all(client.clone());
+    let (keep, drop) = deviceclasses::desired(spec.migration_pool.map_extended_resource)?;
+    for mut class in keep {
+        class.metadata.owner_references = Some(vec![target.owner.clone()]);
+        apply(&classes, &class).await?;
+    }
+    for name in drop {
+        delete(&classes, &name).await?;
+    }
+
+    let plugin_rbac = render::plugin_rbac(&target)?;
+    apply(
+        &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+        &plugin_rbac.service_account,
+    )
+    .await?;
+    apply(&Api::<ClusterRole>::all(client.clone()), &plugin_rbac.role).await?;
+    apply(
+        &Api::<ClusterRoleBinding>::all(client.clone()),
+        &plugin_rbac.binding,
+    )
+    .await?;
+    apply(
+        &Api::<ValidatingAdmissionPolicy>::all(client.clone()),
+        &render::slice_policy(&target)?,
+    )
+    .await?;
+    let vapb = render::slice_policy_binding(&target)?;
+    apply(
+        &Api::<ValidatingAdmissionPolicyBinding>::all(client.clone()),
+        &vapb,
+    )
+    .await?;
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let ds = apply(&daemonsets, &render::plugin_daemonset(&target)?).await?;
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    if spec.dra_driver.compute_domains.enabled {
+        let rbac = render::cd_controller_rbac(&target)?;
+        apply(
+            &Api::<ServiceAccount>::namespaced(client.clone(), ns),
+            &rbac.service_account,
+        )
+        .await?;
+        apply(&Api::<ClusterRole>::all(client.clone()), &rbac.role).await?;
+        apply(
+            &Api::<ClusterRoleBinding>::all(client.clone()),
+            &rbac.binding,
+        )
+        .await?;
+        apply(&deployments, &render::cd_controller_deployment(&target)?).await?;
+    } else {
+        delete(&deployments, CD_CONTROLLER).await?;
+    }
+
+    label_nodes(client, &plan).await?;
+
+    let st = status::compute(&status::Inputs {
+        plan: &plan,
+        daemonset: ds.status.as_ref(),
+        namespace: ns,
+        generation: gc.metadata.generation,
+        previous: gc.status.as_ref().map_or(&[], |s| s.conditions.as_slice()),
+        now: Timestamp::now(),
+    });
+    ctx.metrics.pool.set(&plan);
+    let api: Api<GPUCluster> = Api::all(client.clone());
+    let body = json!({ "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "status": st });
+    api.patch_status(&gc.name_any(), &params(), &Patch::Apply(body))
+        .await?;
+
+    Ok(Action::requeue(if plan.in_transition() {
+        SHORT_REQUEUE
+    } else {
+        RESYNC
+    }))
+}
+
+/// Read nodes, allocated claims and plugin pods, and plan the pool.
+async fn observe_pool(ctx: &Ctx, spec: &GPUClusterSpec) -> Result<PoolPlan> {
+    let client = &ctx.client;
+    let selector = pool::pool_selector(spec.migration_pool.node_selector.as_ref())?;
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let claims = Api::<ResourceClaim>::all(client.clone())
+        .list(&ListParams::default())
+        .await?;
+    let pods = Api::<Pod>::namespaced(client.clone(), &ctx.namespace)
+        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={PLUGIN}")))
+        .await?;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    for claim in &claims.items {
+        for node in claim_nodes(claim) {
+            *per_node.entry(node).or_default() += 1;
+        }
+    }
+    let facts: Vec<NodeFacts> = nodes
+        .items
+        .iter()
+        .map(|n| {
+            let name = n.name_any();
+            NodeFacts {
+                labels: n.labels().clone(),
+                advertises_gpu: advertises_gpu(n),
+                prepared_claims: per_node.get(&name).copied().unwrap_or(0),
+                plugin_pod: pods
+                    .items
+                    .iter()
+                    .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name)),
+                owned_labels: pool::owned_label_keys(
+                    n.managed_fields(),
+                    super::labels::FIELD_MANAGER,
+                ),
+                name,
+            }
+        })
+        .collect();
+    Ok(pool::plan(&selector, &facts))
+}
+
+/// Nodes (pools) on which a claim holds devices of our drivers. Our plugins name pools after nodes.
+pub fn claim_nodes(claim: &ResourceClaim) -> Vec<String> {
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default();
+    let mut nodes: Vec<String> = results
+        .iter()
+        .filter(|r| r.driver == GPU_DRIVER || r.driver == COMPUTE_DOMAIN_DRIVER)
+        .map(|r| r.pool.clone())
+        .collect();
+    nodes.sort();
+    nodes.dedup();
+    nodes
+}
+
+/// `nvidia.com/gpu` in allocatable with a non-zero quantity.
+pub fn advertises_gpu(node: &Node) -> bool {
+    node.status
+        .as_ref()
+        .and_then(|s| s.allocatable.as_ref())
+        .and_then(|a| a.get(GPU_RESOURCE))
+        .is_some_and(|q| {
+            q.0.chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .any(|c| ('1'..='9').contains(&c))
+        })
+}
+
+async fn label_nodes(client: &Client, plan: &PoolPlan) -> Result<()> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in plan.updates() {
+        info!(node = %node.name, role = ?node.role, labels = ?node.labels, "writing pool labels");
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Node",
+            "metadata": { "name": node.name, "labels": node.labels },
+        });
+        nodes
+            .patch(&node.name, &params(), &Patch::Apply(body))
+            .await?;
+    }
+    Ok(())
+}
+
+enum Teardown {
+    Waiting(&'static str),
+    Done,
+}
+
+/// Claim consumers first, the kubelet plugin last, then our node labels.
+async fn teardown(ctx: &Ctx) -> Result<Teardown> {
+    let client = &ctx.client;
+    let ns = ctx.namespace.as_str();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let daemonsets: Api<DaemonSet> = Api::namespaced(client.clone(), ns);
+    let mut consumers_left = delete(&deployments, CD_CONTROLLER).await?;
+    let lp = ListParams::default().labels(&format!("{COMPONENT}={CD_DAEMON_COMPONENT}"));
+    for ds in daemonsets.list(&lp).await?.items {
+        consumers_left |= delete(&daemonsets, &ds.name_any()).await?;
+    }
+    if consumers_left {
+        return Ok(Teardown::Waiting("claim consumers"));
+    }
+    if delete(&daemonsets, PLUGIN).await? {
+        return Ok(Teardown::Waiting("kubelet plugin"));
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    for node in nodes.list(&ListParams::default()).await?.items {
+        let owned = pool::owned_label_keys(node.managed_fields(), super::labels::FIELD_MANAGER);
+        if owned.iter().any(|k| {
+            k == super::labels::DEVICE_PLUGIN_LABEL || k == super::labels::DRA_DRIVER_LABEL
+        }) {
+            let body = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": node.name_any(), "labels": {} } });
+            if let Err(e) = nodes
+                .patch(&node.name_any(), &params(), &Patch::Apply(body))
+                .await
+            {
+                warn!(node = %node.name_any(), error = %e, "releasing pool labels failed");
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(Teardown::Done)
+}

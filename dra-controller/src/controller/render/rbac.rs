@@ -1,0 +1,71 @@
+//! ServiceAccounts and cluster roles for the kubelet plugin and the ComputeDomain controller.
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use serde_json::{Value, json};
+
+use super::{CD_CONTROLLER, PLUGIN, Target, typed};
+use crate::controller::error::Result;
+
+/// One identity: its ServiceAccount, ClusterRole and the binding between them (all named alike).
+pub struct Rbac {
+    pub service_account: ServiceAccount,
+    pub role: ClusterRole,
+    pub binding: ClusterRoleBinding,
+}
+
+const ALL: [&str; 7] = [
+    "get", "list", "watch", "create", "update", "patch", "delete",
+];
+const READ: [&str; 3] = ["get", "list", "watch"];
+
+fn rbac(t: &Target<'_>, name: &str, rules: Value) -> Result<Rbac> {
+    Ok(Rbac {
+        service_account: typed(json!({
+            "apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": t.metadata(name, Some(t.namespace), name),
+        }))?,
+        role: typed(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": t.metadata(name, None, name),
+            "rules": rules,
+        }))?,
+        binding: typed(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": t.metadata(name, None, name),
+            "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name },
+            "subjects": [{ "kind": "ServiceAccount", "name": name, "namespace": t.namespace }],
+        }))?,
+    })
+}
+
+/// The plugin publishes its node's slices (the VAP narrows this to its own node), reads claims and
+/// labels its node for ComputeDomains.
+pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
+    rbac(
+        t,
+        PLUGIN,
+        json!([
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ALL.iter().chain(&["deletecollection"]).collect::<Vec<_>>() },
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "deviceclasses"], "verbs": READ },
+            { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"] },
+            { "apiGroups": [""], "resources": ["pods"], "verbs": READ },
+            { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status"], "verbs": ["get", "list", "watch", "patch", "update"] },
+        ]),
+    )
+}
+
+pub fn cd_controller_rbac(t: &Target<'_>) -> Result<Rbac> {
+    rbac(
+        t,
+        CD_CONTROLLER,
+        json!([
+            { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status"], "verbs": ALL },
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ALL },
+            { "apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ALL },
+            { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"] },
+            { "apiGroups": [""], "resources": ["pods"], "verbs": READ },
+            { "apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"] },
+            { "apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"] },
+        ]),
+    )
+}
