@@ -5,6 +5,7 @@ pub mod crd;
 pub mod deviceclasses;
 pub mod error;
 pub mod gpucluster;
+pub mod http;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
@@ -14,9 +15,193 @@ pub mod status;
 
 pub use error::{Error, Result};
 
-#[derive(clap::Args, Debug)]
-pub struct RunArgs {}
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
-pub async fn run(_args: RunArgs) -> anyhow::Result<()> {
-    anyhow::bail!("the controller is not implemented yet")
+use anyhow::Context as _;
+use futures::{FutureExt, StreamExt};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use kube::runtime::controller::{Config as ControllerConfig, Controller};
+use kube::runtime::reflector::ObjectRef;
+use kube::runtime::watcher;
+use kube::{Api, Client};
+use tracing::{info, warn};
+
+use crd::{GPU_CLUSTER_NAME, GPUCluster};
+
+#[derive(clap::Args, Debug)]
+pub struct RunArgs {
+    /// Namespace of the driver's DaemonSets, Deployments, ServiceAccounts and Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "gpu-dra-driver")]
+    pub namespace: String,
+    /// Name of the Lease used for leader election.
+    #[arg(long, default_value = "gpu-dra-controller")]
+    pub lease_name: String,
+    /// This replica's identity in the Lease.
+    #[arg(long, env = "POD_NAME")]
+    pub identity: Option<String>,
+    /// Seconds a lease stays valid without renewal.
+    #[arg(long, default_value_t = 15)]
+    pub lease_duration_secs: u64,
+    /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint.
+    #[arg(long, default_value = "0.0.0.0:8080")]
+    pub metrics_addr: SocketAddr,
+}
+
+/// Run until SIGTERM or Ctrl-C: serve the admin endpoint, win the lease, reconcile, release the lease.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .try_init();
+    let client = Client::try_default()
+        .await
+        .context("building a Kubernetes client")?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Arc::new(metrics::Metrics::new(&mut registry));
+    let admin = Arc::new(http::AdminState {
+        registry,
+        ready: AtomicBool::new(false),
+    });
+    let shutdown = shutdown_signal().shared();
+    let server = tokio::spawn(http::serve(
+        args.metrics_addr,
+        admin.clone(),
+        shutdown.clone(),
+    ));
+
+    let identity = match args.identity.clone() {
+        Some(id) => id,
+        None => format!(
+            "{}-{}",
+            std::env::var("HOSTNAME").unwrap_or_else(|_| "dra-controller".into()),
+            std::process::id()
+        ),
+    };
+    let lock = leader::LeaseLock {
+        api: Api::<Lease>::namespaced(client.clone(), &args.namespace),
+        name: args.lease_name.clone(),
+        identity,
+        duration: Duration::from_secs(args.lease_duration_secs),
+    };
+    admin.ready.store(true, Ordering::Relaxed);
+    let retry = lock.duration / 3;
+    info!(lease = %lock.name, identity = %lock.identity, "waiting for leadership");
+    loop {
+        match lock.try_acquire().await {
+            Ok(true) => break,
+            Ok(false) => {}
+            Err(e) => warn!(error = %e, "lease attempt failed"),
+        }
+        tokio::select! {
+            _ = shutdown.clone() => return Ok(()),
+            _ = tokio::time::sleep(retry) => {}
+        }
+    }
+    metrics.leader.set(1);
+    info!("leading; starting controllers");
+
+    let ctx = Arc::new(gpucluster::Ctx {
+        client: client.clone(),
+        namespace: args.namespace.clone(),
+        metrics,
+    });
+    let controllers = gpucluster_controller(client, ctx, shutdown.clone());
+    let renew = async {
+        let mut last_ok = tokio::time::Instant::now();
+        loop {
+            tokio::time::sleep(retry).await;
+            match lock.try_acquire().await {
+                Ok(true) => last_ok = tokio::time::Instant::now(),
+                Ok(false) => return anyhow::anyhow!("lost the lease to another replica"),
+                Err(e) => warn!(error = %e, "lease renewal failed"),
+            }
+            if last_ok.elapsed() > lock.duration {
+                return anyhow::anyhow!("could not renew the lease within {:?}", lock.duration);
+            }
+        }
+    };
+    let result = tokio::select! {
+        () = controllers => Ok(()),
+        lost = renew => Err(lost),
+    };
+    if let Err(e) = lock.release().await {
+        warn!(error = %e, "releasing the lease failed");
+    }
+    server.abort();
+    result
+}
+
+fn gpucluster_controller(
+    client: Client,
+    ctx: Arc<gpucluster::Ctx>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> {
+    let ns = ctx.namespace.clone();
+    let ours =
+        watcher::Config::default().labels(&format!("{}={}", labels::PART_OF.0, labels::PART_OF.1));
+    Controller::new(
+        Api::<GPUCluster>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .watches(
+        Api::<DeviceClass>::all(client.clone()),
+        ours.clone(),
+        singleton::<DeviceClass>,
+    )
+    .watches(
+        Api::<DaemonSet>::namespaced(client.clone(), &ns),
+        ours.clone(),
+        singleton::<DaemonSet>,
+    )
+    .watches(
+        Api::<Pod>::namespaced(client.clone(), &ns),
+        ours,
+        singleton::<Pod>,
+    )
+    .watches(
+        Api::<Node>::all(client.clone()),
+        watcher::Config::default(),
+        singleton::<Node>,
+    )
+    .watches(
+        Api::<ResourceClaim>::all(client),
+        watcher::Config::default(),
+        singleton::<ResourceClaim>,
+    )
+    .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))
+    .graceful_shutdown_on(shutdown)
+    .run(gpucluster::reconcile, gpucluster::error_policy, ctx)
+    .for_each(|res| async move {
+        if let Err(e) = res {
+            warn!(error = %e, "gpucluster reconcile failed");
+        }
+    })
+}
+
+/// Every watched object concerns the one GPUCluster.
+fn singleton<T>(_: T) -> Option<ObjectRef<GPUCluster>> {
+    Some(ObjectRef::new(GPU_CLUSTER_NAME))
+}
+
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        () = term => {}
+    }
+    info!("shutting down");
 }
