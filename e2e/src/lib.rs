@@ -1,1 +1,15 @@
-//! e2e harness
+//! Real-control-plane end-to-end harness.
+//!
+//! The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) is started by
+//! `e2e/run.sh`; this crate plays the node side: [`plugin::Plugin`] runs one `dra-plugin` process per
+//! node, [`kubelet::Kubelet`] does what the kubelet's DRA manager does for that node, and [`env::Env`]
+//! ties them to Node objects for one scenario (`tests/scenarios.rs`).
+
+pub mod cdi;
+pub mod env;
+pub mod grpc;
+pub mod kubelet;
+pub mod plugin;
+
+/// The DRA driver name the plugin serves.
+pub const DRIVER: &str = "gpu.nvidia.com";
