@@ -9,7 +9,7 @@
 #                               until Ctrl-C.
 #   bash e2e/run.sh --up        only start the cluster and keep it up (no tests).
 #
-# Environment: E2E_CACHE (binary cache, default ~/.cache/gpu-dra-e2e), E2E_LOGS (where logs of a failed
+# Environment: E2E_PLUGIN_BIN (use this dra-plugin binary instead of building it), E2E_CACHE (binary cache, default ~/.cache/gpu-dra-e2e), E2E_LOGS (where logs of a failed
 # run are kept, default /tmp/gpu-dra-e2e-logs), CARGO_PROFILE_FLAGS (e.g. --release).
 set -euo pipefail
 
@@ -29,15 +29,19 @@ echo "   ($(( SECONDS - bstart ))s)"
 
 echo "== building dra-plugin and the e2e harness"
 bstart=$SECONDS
-# shellcheck disable=SC2086
-cargo build ${CARGO_PROFILE_FLAGS:-} -p dra-plugin
-# shellcheck disable=SC2086
-cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --no-run
-echo "   ($(( SECONDS - bstart ))s)"
 PROFILE_DIR=debug
 case "${CARGO_PROFILE_FLAGS:-}" in *--release*) PROFILE_DIR=release ;; esac
 TARGET_DIR="${CARGO_TARGET_DIR:-$ROOT/target}"
-PLUGIN_BIN="$TARGET_DIR/$PROFILE_DIR/dra-plugin"
+if [ -n "${E2E_PLUGIN_BIN:-}" ]; then
+  PLUGIN_BIN="$E2E_PLUGIN_BIN"   # a prebuilt plugin: use as is
+else
+  # shellcheck disable=SC2086
+  cargo build ${CARGO_PROFILE_FLAGS:-} -p dra-plugin
+  PLUGIN_BIN="$TARGET_DIR/$PROFILE_DIR/dra-plugin"
+fi
+# shellcheck disable=SC2086
+cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --no-run
+echo "   ($(( SECONDS - bstart ))s)"
 
 # shellcheck source=controlplane/cluster.sh
 source "$ROOT/e2e/controlplane/cluster.sh"

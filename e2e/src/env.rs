@@ -486,7 +486,10 @@ impl Env {
         let nodes: Api<Node> = Api::all(self.client.clone());
         for n in &mut self.nodes {
             n.plugin.stop().await?;
-            nodes.delete(&n.name, &DeleteParams::default()).await?;
+        }
+        let lp = ListParams::default().labels(&format!("e2e-test={}", self.test));
+        for n in nodes.list(&lp).await?.items {
+            nodes.delete(&n.name_any(), &DeleteParams::default()).await?;
         }
         let nss: Api<Namespace> = Api::all(self.client.clone());
         nss.delete(&self.ns, &DeleteParams::default()).await?;

@@ -94,6 +94,106 @@ fn percentile(sorted: &[Duration], p: usize) -> Duration {
     sorted[rank - 1]
 }
 
+/// The control plane alone, no plugin: a hand-made ResourceSlice, the project's DeviceClasses and a
+/// claim template; the scheduler allocates, reserves and binds, the controller cleans up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0_control_plane_allocates_from_handmade_slice() -> Result<()> {
+    let env = env_or_skip!("s0_control_plane_allocates_from_handmade_slice");
+    let node = "s0-handmade";
+    e2e::env::create_node(&env.client, node, &env.test).await?;
+    let slice: ResourceSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "s0-handmade-gpu"},
+        "spec": {
+            "driver": e2e::DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": (0..2).map(|i| serde_json::json!({
+                "name": format!("gpu-{i}"),
+                "attributes": {"type": {"string": "gpu"}, "productName": {"string": "Hand Made"}},
+                "capacity": {"memory": {"value": "80Gi"}},
+            })).collect::<Vec<_>>(),
+        }
+    }))?;
+    let slices: Api<ResourceSlice> = Api::all(env.client.clone());
+    slices.create(&Default::default(), &slice).await?;
+    env.create_from_file("examples/claims/single-gpu.yaml")
+        .await?;
+    let claim = [PodClaim {
+        name: "gpu",
+        template: "single-gpu",
+    }];
+    for pod in ["hm-1", "hm-2", "hm-3"] {
+        env.create_pod(&env.pod_manifest(pod, Some(node), &claim, None)?)
+            .await?;
+    }
+    let mut devices = BTreeSet::new();
+    for pod in ["hm-1", "hm-2"] {
+        let c = wait_until(
+            &format!("{pod} bound with a reserved claim"),
+            WAIT,
+            || async {
+                let p = env.pods().get(pod).await?;
+                if p.spec.as_ref().and_then(|s| s.node_name.as_deref()) != Some(node) {
+                    return Ok(None);
+                }
+                let c = env.pod_claim(pod, "gpu").await?;
+                let reserved = c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.reserved_for.as_ref())
+                    .is_some_and(|r| r.iter().any(|r| Some(&r.uid) == p.metadata.uid.as_ref()));
+                Ok(reserved.then_some(c))
+            },
+        )
+        .await?;
+        devices.insert(results(&c)[0].device.clone());
+    }
+    ensure!(devices.len() == 2, "two pods share a device: {devices:?}");
+    let msg = wait_unschedulable(&env, "hm-3").await?;
+    println!("s0: third pod unschedulable: {msg}");
+    // No kubelet here: a force delete lets the controller release the claim.
+    let c1 = env.pod_claim("hm-1", "gpu").await?;
+    let force = DeleteParams {
+        grace_period_seconds: Some(0),
+        ..Default::default()
+    };
+    env.pods().delete("hm-1", &force).await?;
+    wait_until("hm-1's claim deleted", WAIT, || async {
+        Ok(env
+            .claims()
+            .get_opt(&c1.name_any())
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    wait_until("hm-3 bound", WAIT, || async {
+        let p = env.pods().get("hm-3").await?;
+        Ok(p.spec
+            .and_then(|s| s.node_name)
+            .filter(|n| n == node)
+            .map(|_| ()))
+    })
+    .await?;
+    for pod in ["hm-2", "hm-3"] {
+        env.pods().delete(pod, &force).await?;
+    }
+    wait_until("all claims deleted", WAIT, || async {
+        Ok(env
+            .claims()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    slices
+        .delete("s0-handmade-gpu", &Default::default())
+        .await?;
+    env.teardown().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s1_api_accepts_slices_and_objects() -> Result<()> {
     let mut env = env_or_skip!("s1_api_accepts_slices_and_objects");
