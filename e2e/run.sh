@@ -49,13 +49,18 @@ WORK="$(mktemp -d /tmp/gpu-dra-e2e.XXXXXX)"
 STATUS=1
 
 finish() {
-  local rc=$?
+  local rc=$? pid pidf
   [ "$STATUS" = 0 ] || STATUS=$rc
   trap - EXIT INT TERM
   # Plugins started by the harness die with it; anything left from a killed harness goes here.
   if [ -d "$WORK/nodes" ]; then
     for pidf in "$WORK"/nodes/*/plugin.pid; do
-      [ -e "$pidf" ] && kill -9 "$(cat "$pidf")" 2>/dev/null || true
+      [ -e "$pidf" ] || continue
+      pid=$(cat "$pidf")
+      # Only a plugin of this run (its command line names the work dir), never a reused pid.
+      if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--registrar-dir $WORK/"; then
+        kill -9 "$pid" 2>/dev/null || true
+      fi
     done
   fi
   cluster_stop

@@ -64,7 +64,8 @@ _readyz() { # URL_PATH
 # $CLUSTER_DIR/kube-apiserver.pid, and remove the hold file to restart it.
 _apiserver_supervisor() {
   local apid=""
-  trap '[ -n "$apid" ] && kill "$apid" 2>/dev/null; wait 2>/dev/null; exit 0' TERM INT
+  # Test data only: no graceful shutdown needed (and it can hang once etcd is gone).
+  trap '[ -n "$apid" ] && kill -9 "$apid" 2>/dev/null; wait 2>/dev/null; exit 0' TERM INT
   while :; do
     "$CLUSTER_BIN/kube-apiserver" \
       --etcd-servers="http://127.0.0.1:$ETCD_PORT" \
@@ -149,12 +150,11 @@ EOF
 }
 
 cluster_stop() {
-  local pid
+  # Reverse start order, one at a time, so etcd goes last.
+  local pid i
   for (( i=${#CLUSTER_PIDS[@]}-1; i>=0; i-- )); do
     pid=${CLUSTER_PIDS[$i]}
     kill "$pid" 2>/dev/null || true
-  done
-  for pid in "${CLUSTER_PIDS[@]}"; do
     for _ in $(seq 1 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
     kill -9 "$pid" 2>/dev/null || true
     wait "$pid" 2>/dev/null || true
