@@ -1,17 +1,16 @@
-//! The local simulator: the Kubernetes DRA CEL environment, the scheduler's structured allocator,
-//! and the `eval` / `simulate` commands.
+//! The local simulator: the Kubernetes DRA CEL environment (`cel`), the scheduler's structured
+//! allocator (`alloc`), input loading (`input`) and the `eval` / `simulate` commands (`cli`).
+pub mod alloc;
 pub mod cel;
+pub mod cli;
+pub mod input;
 
-#[derive(clap::Args, Debug)]
-pub struct EvalArgs {}
+pub use cli::{EvalArgs, SimulateArgs};
 
-#[derive(clap::Args, Debug)]
-pub struct SimulateArgs {}
-
-pub async fn eval(_args: EvalArgs) -> anyhow::Result<()> {
-    anyhow::bail!("eval is not implemented yet")
+pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
+    cli::eval(args).await
 }
 
-pub async fn simulate(_args: SimulateArgs) -> anyhow::Result<()> {
-    anyhow::bail!("simulate is not implemented yet")
+pub async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+    cli::simulate(args).await
 }

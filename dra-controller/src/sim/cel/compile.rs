@@ -301,8 +301,10 @@ impl<'a> Compiler<'a> {
                         Some(prev) => match prev.unify(&t) {
                             Some(u) => u,
                             None => {
-                                return Err(self
-                                    .err(el.id, format!("expected type '{prev}' but found '{t}'")));
+                                return Err(self.err(
+                                    el.id,
+                                    format!("expected type '{prev}' but found '{t}'"),
+                                ));
                             }
                         },
                     });

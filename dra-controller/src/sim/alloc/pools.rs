@@ -1,0 +1,356 @@
+//! Pool gathering (`pools_incubating.go`): node filtering, highest generation, completeness,
+//! validity, ordering by (driver, pool) and slices by name.
+use super::Allocator;
+use crate::sim::cel::quantity::Quantity;
+use k8s_openapi::api::core::v1::NodeSelector;
+use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+/// A node as the allocator sees it: its name and labels.
+#[derive(Clone, Debug, Default)]
+pub struct SimNode {
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+}
+
+pub struct Pool<'a> {
+    pub driver: &'a str,
+    pub name: &'a str,
+    pub incomplete: bool,
+    pub invalid: Option<String>,
+    /// (global slice index, generation) of the device slices targeting the node, sorted by name.
+    pub slices: Vec<(usize, i64)>,
+    pub not_targeting: Vec<(usize, i64)>,
+    pub counter_sets: BTreeMap<String, BTreeMap<String, Quantity>>,
+    all: &'a [ResourceSlice],
+}
+
+impl<'a> Pool<'a> {
+    pub fn devices(&self, si: usize) -> &'a [Device] {
+        self.all[self.slices[si].0]
+            .spec
+            .devices
+            .as_deref()
+            .unwrap_or(&[])
+    }
+    pub fn id_string(&self) -> String {
+        format!("{}/{}", self.driver, self.name)
+    }
+}
+
+/// `NodeMatches`: nodeName, allNodes, or a node selector (terms ORed, requirements ANDed).
+pub fn node_matches(
+    node: &SimNode,
+    node_name: &str,
+    all_nodes: bool,
+    selector: Option<&NodeSelector>,
+) -> Result<bool, String> {
+    if !node_name.is_empty() {
+        return Ok(node.name == node_name);
+    }
+    if all_nodes {
+        return Ok(true);
+    }
+    let Some(sel) = selector else {
+        return Ok(false);
+    };
+    for term in &sel.node_selector_terms {
+        let exprs = term.match_expressions.as_deref().unwrap_or(&[]);
+        let fields = term.match_fields.as_deref().unwrap_or(&[]);
+        if exprs.is_empty() && fields.is_empty() {
+            continue;
+        }
+        let mut ok = true;
+        for r in exprs {
+            if !requirement(r, node.labels.get(&r.key).map(|s| s.as_str()))? {
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            for r in fields {
+                if r.key != "metadata.name" {
+                    return Err(format!(
+                        "failed to parse node selector: not a valid field selector key {:?}",
+                        r.key
+                    ));
+                }
+                if !requirement(r, Some(&node.name))? {
+                    ok = false;
+                    break;
+                }
+            }
+        }
+        if ok {
+            return Ok(true);
+        }
+    }
+    Ok(false)
+}
+
+fn requirement(
+    r: &k8s_openapi::api::core::v1::NodeSelectorRequirement,
+    v: Option<&str>,
+) -> Result<bool, String> {
+    let vals = r.values.as_deref().unwrap_or(&[]);
+    Ok(match r.operator.as_str() {
+        "In" => v.is_some_and(|v| vals.iter().any(|x| x == v)),
+        "NotIn" => !v.is_some_and(|v| vals.iter().any(|x| x == v)),
+        "Exists" => v.is_some(),
+        "DoesNotExist" => v.is_none(),
+        "Gt" | "Lt" => {
+            let Some(v) = v.and_then(|v| v.parse::<i64>().ok()) else {
+                return Ok(false);
+            };
+            let Some(x) = vals.first().and_then(|x| x.parse::<i64>().ok()) else {
+                return Err(format!(
+                    "failed to parse node selector: invalid value for {}",
+                    r.operator
+                ));
+            };
+            if r.operator == "Gt" { v > x } else { v < x }
+        }
+        op => {
+            return Err(format!(
+                "failed to parse node selector: {op:?} is not a valid operator"
+            ));
+        }
+    })
+}
+
+pub(super) fn gather_pools<'a>(
+    a: &'a Allocator<'a>,
+    slices_for_node: &[usize],
+    node: &SimNode,
+) -> Result<Vec<Pool<'a>>, String> {
+    let all = a.slices;
+    let mut pools: HashMap<(&'a str, &'a str), Vec<usize>> = HashMap::new();
+    let mut order: Vec<(&'a str, &'a str)> = Vec::new();
+    for &i in slices_for_node {
+        let s = &all[i];
+        let nn = s.spec.node_name.as_deref().unwrap_or("");
+        let an = s.spec.all_nodes.unwrap_or(false);
+        let relevant = if !nn.is_empty() || an || s.spec.node_selector.is_some() {
+            node_matches(node, nn, an, s.spec.node_selector.as_ref()).map_err(|e| {
+                format!(
+                    "failed to perform node selection for slice {}: {e}",
+                    name(s)
+                )
+            })?
+        } else if s.spec.per_device_node_selection == Some(true) {
+            let mut m = false;
+            for d in s.spec.devices.iter().flatten() {
+                if node_matches(
+                    node,
+                    d.node_name.as_deref().unwrap_or(""),
+                    d.all_nodes.unwrap_or(false),
+                    d.node_selector.as_ref(),
+                )? {
+                    m = true;
+                    break;
+                }
+            }
+            m
+        } else {
+            continue;
+        };
+        if !relevant {
+            continue;
+        }
+        let id = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+        let g = s.spec.pool.generation;
+        match pools.get_mut(&id) {
+            None => {
+                pools.insert(id, vec![i]);
+                order.push(id);
+            }
+            Some(v) => {
+                let cur = all[v[0]].spec.pool.generation;
+                if g < cur {
+                    continue;
+                }
+                if g > cur {
+                    *v = vec![i];
+                } else {
+                    v.push(i);
+                }
+            }
+        }
+    }
+    let mut result = Vec::new();
+    let mut with_binding = Vec::new();
+    for id in order {
+        let sl = &pools[&id];
+        let first = &all[sl[0]].spec.pool;
+        let pool = if sl.len() as i64 == first.resource_slice_count {
+            build_pool(a, id, sl.clone(), None)
+        } else {
+            // obsolete if a newer generation exists anywhere; complete when counting all slices
+            let mut obsolete = false;
+            let mut all_for_pool = Vec::new();
+            for (j, s) in all.iter().enumerate() {
+                if s.spec.driver != id.0 || s.spec.pool.name != id.1 {
+                    continue;
+                }
+                if s.spec.pool.generation == first.generation {
+                    all_for_pool.push(j);
+                } else if s.spec.pool.generation > first.generation {
+                    obsolete = true;
+                    break;
+                }
+            }
+            if obsolete {
+                continue;
+            }
+            if all_for_pool.len() as i64 != first.resource_slice_count {
+                Pool {
+                    driver: id.0,
+                    name: id.1,
+                    incomplete: true,
+                    invalid: None,
+                    slices: vec![],
+                    not_targeting: vec![],
+                    counter_sets: BTreeMap::new(),
+                    all,
+                }
+            } else {
+                build_pool(a, id, sl.clone(), Some(all_for_pool))
+            }
+        };
+        let binding = pool.slices.iter().any(|(si, _)| {
+            all[*si]
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .any(|d| d.binding_conditions.is_some())
+        });
+        if binding {
+            with_binding.push(pool);
+        } else {
+            result.push(pool);
+        }
+    }
+    let key = |p: &Pool| (p.driver.to_string(), p.name.to_string());
+    result.sort_by_key(key);
+    with_binding.sort_by_key(key);
+    result.extend(with_binding);
+    Ok(result)
+}
+
+fn name(s: &ResourceSlice) -> &str {
+    s.metadata.name.as_deref().unwrap_or("")
+}
+
+fn build_pool<'a>(
+    a: &'a Allocator<'a>,
+    id: (&'a str, &'a str),
+    mut slices: Vec<usize>,
+    all_for_pool: Option<Vec<usize>>,
+) -> Pool<'a> {
+    let all = a.slices;
+    slices.sort_by(|x, y| name(&all[*x]).cmp(name(&all[*y])));
+    let has_counters = |i: usize| {
+        all[i]
+            .spec
+            .shared_counters
+            .as_ref()
+            .is_some_and(|c| !c.is_empty())
+    };
+    let mut device_slices = Vec::new();
+    let mut counter_slices = Vec::new();
+    let mut not_targeting = Vec::new();
+    for &i in &slices {
+        if has_counters(i) {
+            counter_slices.push(i);
+        } else {
+            device_slices.push(i);
+        }
+    }
+    if let Some(afp) = &all_for_pool {
+        if slices.len() < afp.len() {
+            let names: HashSet<&str> = slices.iter().map(|i| name(&all[*i])).collect();
+            for &j in afp {
+                if names.contains(name(&all[j])) {
+                    continue;
+                }
+                if has_counters(j) {
+                    counter_slices.push(j);
+                } else {
+                    not_targeting.push(j);
+                }
+            }
+        }
+    }
+    let mk = |invalid: Option<String>, counter_sets| Pool {
+        driver: id.0,
+        name: id.1,
+        incomplete: false,
+        invalid,
+        slices: device_slices
+            .iter()
+            .map(|i| (*i, all[*i].spec.pool.generation))
+            .collect(),
+        not_targeting: not_targeting
+            .iter()
+            .map(|i| (*i, all[*i].spec.pool.generation))
+            .collect(),
+        counter_sets,
+        all,
+    };
+    let mut seen = HashSet::new();
+    for &i in &device_slices {
+        for d in all[i].spec.devices.iter().flatten() {
+            if !seen.insert(d.name.as_str()) {
+                return mk(
+                    Some(format!("duplicate device name {}", d.name)),
+                    BTreeMap::new(),
+                );
+            }
+        }
+    }
+    let mut sets: BTreeMap<String, BTreeMap<String, Quantity>> = BTreeMap::new();
+    for &i in &counter_slices {
+        for cs in all[i].spec.shared_counters.iter().flatten() {
+            if sets.contains_key(&cs.name) {
+                return mk(
+                    Some(format!("duplicate counter set name {}", cs.name)),
+                    BTreeMap::new(),
+                );
+            }
+            let mut m = BTreeMap::new();
+            for (k, c) in &cs.counters {
+                m.insert(
+                    k.clone(),
+                    Quantity::parse(&c.value.0).unwrap_or(Quantity::ZERO),
+                );
+            }
+            sets.insert(cs.name.clone(), m);
+        }
+    }
+    for &i in device_slices.iter().chain(not_targeting.iter()) {
+        for d in all[i].spec.devices.iter().flatten() {
+            for cc in d.consumes_counters.iter().flatten() {
+                let Some(set) = sets.get(&cc.counter_set) else {
+                    return mk(
+                        Some(format!("counter set {} not found", cc.counter_set)),
+                        BTreeMap::new(),
+                    );
+                };
+                for n in cc.counters.keys() {
+                    if !set.contains_key(n) {
+                        return mk(
+                            Some(format!(
+                                "counter {n} not found in counter set {}",
+                                cc.counter_set
+                            )),
+                            BTreeMap::new(),
+                        );
+                    }
+                }
+            }
+        }
+    }
+    let _ = a;
+    mk(None, sets)
+}
