@@ -48,9 +48,18 @@ pub struct RunArgs {
     /// Seconds a lease stays valid without renewal.
     #[arg(long, default_value_t = 15)]
     pub lease_duration_secs: u64,
+    /// Controllers to run in this process. The ComputeDomain controller is not part of this build yet.
+    #[arg(long, value_enum, value_delimiter = ',', default_value = "gpucluster")]
+    pub controllers: Vec<ControllerKind>,
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ControllerKind {
+    /// GPUCluster: DeviceClasses, kubelet plugin, RBAC, VAP, migration pool.
+    Gpucluster,
 }
 
 /// Run until SIGTERM or Ctrl-C: serve the admin endpoint, win the lease, reconcile, release the lease.
