@@ -1,1 +1,20 @@
-fn main() {}
+use clap::Parser;
+use dra_plugin::cli::{Cli, Command};
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Slices(args) => dra_plugin::run::print_slices(args),
+        // Two workers are plenty for a node agent and keep its memory small.
+        Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+            .block_on(dra_plugin::run::run(args)),
+    }
+}

@@ -1,0 +1,116 @@
+//! Command-line flags (each with an environment fallback, for DaemonSet manifests).
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "dra-plugin",
+    version,
+    about = "Kubelet DRA plugin for NVIDIA GPUs (driver gpu.nvidia.com)"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Serve the kubelet (registration + DRA sockets) and publish this node's ResourceSlices.
+    Run(RunArgs),
+    /// Print the ResourceSlices this node would publish, without a cluster.
+    Slices(SlicesArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Backend {
+    /// Real GPUs through libnvidia-ml.
+    Nvml,
+    /// GPUs built from hardware profiles (--profile / --hardware-file).
+    Simulated,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct DeviceArgs {
+    /// Name of this node: the pool name and spec.nodeName of the published slices.
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    /// DRA driver name.
+    #[arg(long, env = "DRIVER_NAME", default_value = gpu_dra_api::DRIVER_NAME)]
+    pub driver_name: String,
+    /// Feature gates, NVIDIA's names: `DynamicMIG=true,MPSSupport=false`.
+    #[arg(long, env = "FEATURE_GATES", default_value = "")]
+    pub feature_gates: String,
+    /// Where GPUs come from.
+    #[arg(long, env = "DEVICE_BACKEND", value_enum, default_value = "nvml")]
+    pub backend: Backend,
+    /// Simulated GPUs as `<profile>[:count]`, e.g. `h100-80gb:8`; repeat for mixed nodes.
+    #[arg(long = "profile", env = "SIMULATED_PROFILES", value_delimiter = ',')]
+    pub profiles: Vec<String>,
+    /// Simulated hardware from a YAML file (`gpus: [{profile, count, migLayout}]`).
+    #[arg(long, env = "SIMULATED_HARDWARE_FILE", conflicts_with = "profiles")]
+    pub hardware_file: Option<PathBuf>,
+    /// Static MIG layout of simulated GPUs: `disabled`, `all-<profile>` (e.g. `all-1g.10gb`),
+    /// `all-balanced`, or an explicit list such as `3g.40gb,2g.20gb,1g.10gb`. Ignored with DynamicMIG.
+    #[arg(long, env = "SIMULATED_MIG_LAYOUT")]
+    pub mig_layout: Option<String>,
+    /// Root of the NVIDIA driver installation (e.g. `/run/nvidia/driver` for operator-managed drivers).
+    #[arg(long, env = "NVIDIA_DRIVER_ROOT")]
+    pub driver_root: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    /// Kubeconfig; in-cluster configuration when unset.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Directory the kubelet watches for plugin registration sockets.
+    #[arg(
+        long,
+        env = "REGISTRAR_DIR",
+        default_value = "/var/lib/kubelet/plugins_registry"
+    )]
+    pub registrar_dir: PathBuf,
+    /// The plugin's own directory: DRA socket and checkpoint.
+    #[arg(
+        long,
+        env = "PLUGIN_DIR",
+        default_value = "/var/lib/kubelet/plugins/gpu.nvidia.com"
+    )]
+    pub plugin_dir: PathBuf,
+    /// Where per-claim CDI specs are written.
+    #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
+    pub cdi_root: PathBuf,
+    /// Prometheus `/metrics` and `/healthz` port on all interfaces; 0 disables.
+    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
+    pub metrics_port: u16,
+    /// gRPC health (service `liveness`) port; 0 disables.
+    #[arg(long, env = "HEALTHCHECK_PORT", default_value_t = 51516)]
+    pub healthcheck_port: u16,
+    /// Offline mode: read ResourceClaims from `<dir>/<namespace>_<name>.json|yaml` instead of
+    /// the API server, and publish nothing. For trying the plugin by hand and for benchmarks.
+    #[arg(long, env = "OFFLINE_CLAIMS_DIR")]
+    pub offline_claims_dir: Option<PathBuf>,
+    /// File holding the kernel boot ID (tests point this elsewhere).
+    #[arg(long, default_value = "/proc/sys/kernel/random/boot_id")]
+    pub boot_id_file: PathBuf,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Output {
+    Yaml,
+    Json,
+}
+
+#[derive(Args, Debug)]
+pub struct SlicesArgs {
+    #[command(flatten)]
+    pub device: DeviceArgs,
+    #[arg(short = 'o', long, value_enum, default_value = "yaml")]
+    pub output: Output,
+    /// Kubernetes minor version of the target cluster (1.34 keeps counters with devices).
+    #[arg(long, default_value = "1.37")]
+    pub kubernetes_version: String,
+}

@@ -1,0 +1,140 @@
+use super::*;
+
+fn record(state: ClaimState) -> ClaimRecord {
+    ClaimRecord {
+        state,
+        namespace: "ns".into(),
+        name: "c".into(),
+        devices: vec![PreparedDevice {
+            request_names: vec!["gpu".into()],
+            pool_name: "n1".into(),
+            device_name: "gpu-0".into(),
+            cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=u1-gpu-0".into()],
+            share_id: None,
+        }],
+        hardware: vec![],
+        unknown: BTreeMap::new(),
+    }
+}
+
+#[tokio::test]
+async fn survives_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(outcome, LoadOutcome::Fresh);
+    cp.update(|c| c.insert("u1".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .unwrap();
+    cp.update(|c| c.insert("u2".into(), record(ClaimState::PrepareStarted)))
+        .await
+        .unwrap();
+    drop(cp);
+    let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded);
+    assert_eq!(cp.get("u1").unwrap(), record(ClaimState::PrepareCompleted));
+    assert_eq!(
+        cp.get("u2").unwrap().state,
+        ClaimState::PrepareStarted,
+        "a crash between the phases is visible"
+    );
+}
+
+#[tokio::test]
+async fn a_reboot_drops_prepared_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    cp.update(|c| c.insert("u1".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .unwrap();
+    drop(cp);
+    let (cp, outcome) = Checkpoint::load(&path, "boot-2").unwrap();
+    assert_eq!(
+        outcome,
+        LoadOutcome::Rebooted {
+            dropped: vec!["u1".into()]
+        }
+    );
+    assert!(cp.claims().is_empty());
+}
+
+#[test]
+fn corrupt_files_are_moved_aside_not_fatal() {
+    for bad in [
+        &b"{not json"[..],
+        b"",
+        br#"{"version":1,"checksum":"00","data":{"claims":{}}}"#,
+        br#"{"version":99,"checksum":"x","data":{}}"#,
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint.json");
+        std::fs::write(&path, bad).unwrap();
+        let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+        let LoadOutcome::Corrupt { moved_to, reason } = outcome else {
+            panic!("{outcome:?}")
+        };
+        assert!(!reason.is_empty());
+        assert_eq!(
+            std::fs::read(&moved_to).unwrap(),
+            bad,
+            "the evidence is kept"
+        );
+        assert!(!path.exists());
+        assert!(cp.claims().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn fields_from_a_newer_version_are_tolerated_and_kept() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let data = r#"{"nodeBootID":"boot-1","futureTopLevel":{"a":1},"claims":{"u1":{"state":"PrepareCompleted","namespace":"ns","name":"c","devices":[],"futureField":[1,2]}}}"#;
+    let file = format!(
+        r#"{{"version":1,"checksum":"{}","data":{data}}}"#,
+        checksum(data.as_bytes())
+    );
+    std::fs::write(&path, file).unwrap();
+    let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded);
+    assert_eq!(
+        cp.get("u1").unwrap().unknown["futureField"],
+        serde_json::json!([1, 2])
+    );
+    cp.update(|c| c.get_mut("u1").unwrap().name = "renamed".into())
+        .await
+        .unwrap();
+    let reread = decode(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(
+        reread.claims["u1"].unknown["futureField"],
+        serde_json::json!([1, 2])
+    );
+    assert_eq!(
+        reread.unknown["futureTopLevel"],
+        serde_json::json!({"a": 1})
+    );
+}
+
+#[tokio::test]
+async fn concurrent_updates_all_reach_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    let cp = std::sync::Arc::new(cp);
+    let tasks: Vec<_> = (0..64)
+        .map(|i| {
+            let cp = cp.clone();
+            tokio::spawn(async move {
+                cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
+                    .await
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        64
+    );
+}

@@ -1,0 +1,344 @@
+use std::sync::Arc;
+
+use gpu_dra_api::simulated::GpuGroup;
+use serde_json::json;
+
+use super::*;
+use crate::backend::simulated::SimulatedBackend;
+use crate::core::cdi::CdiStore;
+use crate::core::types::{ConfigEntry, ConfigSource};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    state: Arc<DeviceState>,
+    backend: Arc<SimulatedBackend>,
+    cdi: CdiStore,
+}
+
+fn fixture(spec: &str, layout: Option<&str>, gates: &str) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let backend =
+        Arc::new(SimulatedBackend::new("n1", &[GpuGroup::parse(spec).unwrap()], layout).unwrap());
+    let (cp, _) = Checkpoint::load(&dir.path().join("checkpoint.json"), "boot").unwrap();
+    let cdi = CdiStore::new(dir.path().join("cdi"));
+    let inv = backend.discover().unwrap();
+    let state = DeviceState::new(
+        "n1",
+        backend.clone(),
+        inv,
+        cp,
+        cdi.clone(),
+        FeatureGates::parse(gates).unwrap(),
+    );
+    Fixture {
+        _dir: dir,
+        state: Arc::new(state),
+        backend,
+        cdi,
+    }
+}
+
+fn claim(uid: &str, devices: &[(&str, &str)]) -> ClaimAllocation {
+    ClaimAllocation {
+        claim: ClaimRef {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("claim-{uid}"),
+        },
+        devices: devices
+            .iter()
+            .map(|(req, dev)| AllocatedDevice {
+                request: req.to_string(),
+                pool: "n1".into(),
+                device: dev.to_string(),
+                admin_access: false,
+                share_id: None,
+            })
+            .collect(),
+        configs: vec![],
+    }
+}
+
+#[tokio::test]
+async fn prepare_writes_cdi_and_is_idempotent_and_unprepare_undoes_it() {
+    let f = fixture("h100-80gb:8", None, "");
+    let c = claim("u1", &[("gpus", "gpu-0"), ("gpus", "gpu-1")]);
+    let devices = f.state.prepare(&c).await.unwrap();
+    assert_eq!(devices.len(), 2);
+    assert_eq!(devices[0].request_names, ["gpus"]);
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        ["k8s.gpu.nvidia.com/claim=u1-gpu-0"]
+    );
+    let spec = f.cdi.read("u1").unwrap().expect("spec written");
+    let uuid0 = &f.state.inventory().gpus[0].uuid;
+    assert!(spec.devices[0].container_edits.env[0].contains(uuid0.as_str()));
+    assert_eq!(
+        spec.devices[1].container_edits.device_nodes[0].path,
+        "/dev/nvidia1"
+    );
+    assert_eq!(
+        f.state.prepare(&c).await.unwrap(),
+        devices,
+        "same answer twice"
+    );
+    assert_eq!(f.state.prepared_device_count(), 2);
+
+    f.state.unprepare("u1").await.unwrap();
+    assert!(f.cdi.read("u1").unwrap().is_none());
+    assert!(f.state.checkpoint().get("u1").is_none());
+    f.state.unprepare("u1").await.unwrap();
+    f.state.unprepare("never-seen").await.unwrap();
+}
+
+#[tokio::test]
+async fn subrequest_results_report_the_base_request_name() {
+    let f = fixture("h100-80gb:1", Some("all-3g.40gb"), "");
+    let d = f
+        .state
+        .prepare(&claim("u1", &[("gpu/mig-slice", "gpu-0-mig-3g40gb-9-4")]))
+        .await
+        .unwrap();
+    assert_eq!(d[0].request_names, ["gpu"]);
+    let spec = f.cdi.read("u1").unwrap().unwrap();
+    let nodes: Vec<_> = spec.devices[0]
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.as_str())
+        .collect();
+    assert_eq!(nodes[0], "/dev/nvidia0");
+    assert!(
+        nodes[1].starts_with("/dev/nvidia-caps/nvidia-cap") && nodes.len() == 3,
+        "{nodes:?}"
+    );
+    let mig_uuid = f.state.inventory().gpus[0].mig.as_ref().unwrap().devices[1]
+        .uuid
+        .clone();
+    assert_eq!(
+        spec.devices[0].container_edits.env,
+        [format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}")]
+    );
+}
+
+#[tokio::test]
+async fn bad_allocations_fail_per_claim_and_record_nothing() {
+    let f = fixture("h100-80gb:2", Some("all-3g.40gb"), "");
+    let cases = [
+        (claim("a", &[("gpu", "gpu-9")]), "no such GPU"),
+        (claim("b", &[("gpu", "gpu-0")]), "MIG mode"),
+        (
+            claim("c", &[("gpu", "gpu-0-mig-1g10gb-19-0")]),
+            "no such MIG device",
+        ),
+        (claim("d", &[("gpu", "tpu-0")]), "not a device name"),
+        (claim("e", &[]), "no devices"),
+    ];
+    for (c, want) in cases {
+        let e = f.state.prepare(&c).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{}: {e}", c.claim.uid);
+    }
+    let mut other_pool = claim("f", &[("gpu", "gpu-0-mig-3g40gb-9-0")]);
+    other_pool.devices[0].pool = "n2".into();
+    assert!(
+        f.state
+            .prepare(&other_pool)
+            .await
+            .unwrap_err()
+            .to_string()
+            .contains("pool n1")
+    );
+    let mut bad_config = claim("g", &[("gpu", "gpu-0-mig-3g40gb-9-0")]);
+    bad_config.configs.push(ConfigEntry {
+        source: ConfigSource::Claim,
+        requests: vec![],
+        parameters: json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig", "shareing": {}}),
+        path: "claim.config[0].opaque.parameters".into(),
+    });
+    let e = f.state.prepare(&bad_config).await.unwrap_err().to_string();
+    assert!(
+        e.contains("claim.config[0].opaque.parameters.shareing"),
+        "{e}"
+    );
+    assert!(f.state.checkpoint().claims().is_empty());
+    assert!(f.cdi.claim_uids().is_empty());
+}
+
+#[tokio::test]
+async fn a_device_serves_one_claim_at_a_time() {
+    let f = fixture("h100-80gb:2", None, "");
+    f.state
+        .prepare(&claim("u1", &[("gpu", "gpu-0")]))
+        .await
+        .unwrap();
+    let e = f
+        .state
+        .prepare(&claim("u2", &[("gpu", "gpu-0")]))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("already prepared") && e.contains("ns/claim-u1"),
+        "{e}"
+    );
+    let mut admin = claim("u3", &[("gpu", "gpu-0")]);
+    admin.devices[0].admin_access = true;
+    f.state.prepare(&admin).await.unwrap();
+}
+
+#[tokio::test]
+async fn dynamic_mig_creates_at_prepare_and_destroys_at_unprepare() {
+    let f = fixture("h100-80gb:1", None, "DynamicMIG=true");
+    let c = claim("u1", &[("gpu/mig-slice", "gpu-0-mig-3g40gb-9-4")]);
+    f.state.prepare(&c).await.unwrap();
+    let mig = f.backend.discover().unwrap().gpus[0].mig.clone().unwrap();
+    assert_eq!(mig.devices.len(), 1);
+    assert_eq!(mig.devices[0].placement_start, 4);
+    let spec = f.cdi.read("u1").unwrap().unwrap();
+    assert!(spec.devices[0].container_edits.env[0].contains(&mig.devices[0].uuid));
+    let record = f.state.checkpoint().get("u1").unwrap();
+    assert_eq!(record.hardware.len(), 1);
+    f.state.unprepare("u1").await.unwrap();
+    assert!(
+        f.backend.discover().unwrap().gpus[0]
+            .mig
+            .as_ref()
+            .unwrap()
+            .devices
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn a_failed_apply_rolls_back_everything_it_created() {
+    let f = fixture("h100-80gb:1", None, "DynamicMIG=true");
+    // Someone else's instance occupies slices 0-3: the second device of the claim cannot be made.
+    f.backend.create_mig(0, 9, 0).unwrap();
+    let c = claim(
+        "u1",
+        &[
+            ("a", "gpu-0-mig-3g40gb-9-4"),
+            ("b", "gpu-0-mig-1g10gb-19-0"),
+        ],
+    );
+    let e = f.state.prepare(&c).await.unwrap_err().to_string();
+    assert!(e.contains("overlaps"), "{e}");
+    let left: Vec<_> = f.backend.discover().unwrap().gpus[0]
+        .mig
+        .clone()
+        .unwrap()
+        .devices
+        .iter()
+        .map(|d| d.placement_start)
+        .collect();
+    assert_eq!(
+        left,
+        [0],
+        "the instance this claim created was destroyed again"
+    );
+    assert!(f.state.checkpoint().get("u1").is_none());
+    assert!(f.cdi.read("u1").unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_crash_between_the_phases_is_rolled_back_before_preparing_again() {
+    let f = fixture("h100-80gb:1", None, "DynamicMIG=true");
+    // What a crash after "PrepareStarted" and the MIG create, before "PrepareCompleted", leaves.
+    f.backend.create_mig(0, 9, 4).unwrap();
+    let change = serde_json::to_value(HardwareChange::DynamicMig {
+        parent_minor: 0,
+        gi_profile_id: 9,
+        placement_start: 4,
+    })
+    .unwrap();
+    let started = ClaimRecord {
+        state: ClaimState::PrepareStarted,
+        namespace: "ns".into(),
+        name: "claim-u1".into(),
+        devices: vec![],
+        hardware: vec![change],
+        unknown: Default::default(),
+    };
+    f.state
+        .checkpoint()
+        .update(|c| c.insert("u1".into(), started))
+        .await
+        .unwrap();
+    let c = claim("u1", &[("gpu", "gpu-0-mig-3g40gb-9-0")]);
+    f.state.prepare(&c).await.unwrap();
+    let starts: Vec<_> = f.backend.discover().unwrap().gpus[0]
+        .mig
+        .clone()
+        .unwrap()
+        .devices
+        .iter()
+        .map(|d| d.placement_start)
+        .collect();
+    assert_eq!(
+        starts,
+        [0],
+        "the half-made instance at 4 is gone; exactly one instance exists"
+    );
+    assert_eq!(
+        f.state.checkpoint().get("u1").unwrap().state,
+        ClaimState::PrepareCompleted
+    );
+}
+
+#[tokio::test]
+async fn many_claims_prepare_concurrently() {
+    let f = fixture("h100-80gb:8", Some("all-1g.10gb"), "");
+    let names: Vec<String> = f
+        .state
+        .inventory()
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig.as_ref().unwrap().devices.iter().map(move |m| {
+                gpu_dra_api::inventory::mig_device_name(
+                    g.minor,
+                    &m.profile,
+                    m.gi_profile_id,
+                    m.placement_start,
+                )
+            })
+        })
+        .collect();
+    assert_eq!(names.len(), 56);
+    let tasks: Vec<_> = names
+        .iter()
+        .enumerate()
+        .map(|(i, dev)| {
+            let state = f.state.clone();
+            let c = claim(&format!("u{i}"), &[("mig", dev)]);
+            tokio::spawn(async move { state.prepare(&c).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(f.state.prepared_device_count(), 56);
+    assert_eq!(f.cdi.claim_uids().len(), 56);
+}
+
+#[tokio::test]
+async fn claims_survive_a_lost_checkpoint_through_their_cdi_specs() {
+    let f = fixture("h100-80gb:2", None, "");
+    let prepared = f
+        .state
+        .prepare(&claim("u1", &[("gpu", "gpu-1")]))
+        .await
+        .unwrap();
+    f.state.checkpoint().update(|c| c.clear()).await.unwrap();
+    let adopted = f.state.adopt_from_cdi().await.unwrap();
+    assert_eq!(adopted.len(), 1);
+    assert_eq!(adopted[0].key(), "ns/claim-u1");
+    assert_eq!(f.state.checkpoint().get("u1").unwrap().devices, prepared);
+    assert_eq!(
+        f.state
+            .prepare(&claim("u1", &[("gpu", "gpu-1")]))
+            .await
+            .unwrap(),
+        prepared
+    );
+}

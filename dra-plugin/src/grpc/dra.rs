@@ -1,0 +1,211 @@
+//! `DRAPlugin` v1 and v1beta1: NodePrepareResources / NodeUnprepareResources.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures::future::join_all;
+use kubelet_proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, info, info_span, warn};
+
+use crate::core::ClaimSource;
+use crate::core::state::DeviceState;
+use crate::core::types::ClaimRef;
+use crate::metrics::Metrics;
+
+#[derive(Clone)]
+pub struct DraService {
+    state: Arc<DeviceState>,
+    claims: Arc<dyn ClaimSource>,
+    metrics: Arc<Metrics>,
+}
+
+impl DraService {
+    pub fn new(
+        state: Arc<DeviceState>,
+        claims: Arc<dyn ClaimSource>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
+        DraService {
+            state,
+            claims,
+            metrics,
+        }
+    }
+
+    /// Prepares every claim of the call concurrently; one claim's failure is its own.
+    pub async fn prepare(&self, claims: Vec<v1::Claim>) -> v1::NodePrepareResourcesResponse {
+        let start = Instant::now();
+        let results = join_all(claims.into_iter().map(|c| {
+            let span = info_span!("prepare", claim_uid = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
+            async move {
+                let claim = ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name };
+                let result = match self.claims.allocation(&claim).await {
+                    Ok(alloc) => self.state.prepare(&alloc).await,
+                    Err(e) => Err(e),
+                };
+                let entry = match result {
+                    Ok(devices) => {
+                        info!(devices = devices.len(), "prepared");
+                        v1::NodePrepareResourceResponse {
+                            devices: devices
+                                .into_iter()
+                                .map(|d| v1::Device {
+                                    request_names: d.request_names,
+                                    pool_name: d.pool_name,
+                                    device_name: d.device_name,
+                                    cdi_device_ids: d.cdi_device_ids,
+                                    share_id: d.share_id,
+                                })
+                                .collect(),
+                            error: String::new(),
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "prepare failed");
+                        self.metrics.error("prepare", e.reason());
+                        v1::NodePrepareResourceResponse { devices: vec![], error: e.to_string() }
+                    }
+                };
+                (claim.uid, entry)
+            }
+            .instrument(span)
+        }))
+        .await;
+        self.metrics
+            .prepare_duration
+            .observe(start.elapsed().as_secs_f64());
+        self.metrics
+            .prepared_devices
+            .set(self.state.prepared_device_count() as i64);
+        v1::NodePrepareResourcesResponse {
+            claims: results.into_iter().collect(),
+        }
+    }
+
+    pub async fn unprepare(&self, claims: Vec<v1::Claim>) -> v1::NodeUnprepareResourcesResponse {
+        let start = Instant::now();
+        let results = join_all(claims.into_iter().map(|c| {
+            let span = info_span!("unprepare", claim_uid = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
+            async move {
+                let error = match self.state.unprepare(&c.uid).await {
+                    Ok(()) => {
+                        info!("unprepared");
+                        String::new()
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "unprepare failed");
+                        self.metrics.error("unprepare", e.reason());
+                        e.to_string()
+                    }
+                };
+                (c.uid, v1::NodeUnprepareResourceResponse { error })
+            }
+            .instrument(span)
+        }))
+        .await;
+        self.metrics
+            .unprepare_duration
+            .observe(start.elapsed().as_secs_f64());
+        self.metrics
+            .prepared_devices
+            .set(self.state.prepared_device_count() as i64);
+        v1::NodeUnprepareResourcesResponse {
+            claims: results.into_iter().collect(),
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl v1::dra_plugin_server::DraPlugin for DraService {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<v1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1::NodePrepareResourcesResponse>, Status> {
+        Ok(Response::new(self.prepare(req.into_inner().claims).await))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<v1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1::NodeUnprepareResourcesResponse>, Status> {
+        Ok(Response::new(self.unprepare(req.into_inner().claims).await))
+    }
+}
+
+/// v1beta1 is v1 without `Device.share_id`; convert at the edge and share the implementation.
+#[derive(Clone)]
+pub struct DraServiceV1beta1(pub DraService);
+
+fn claims_from_beta(claims: Vec<v1beta1::Claim>) -> Vec<v1::Claim> {
+    claims
+        .into_iter()
+        .map(|c| v1::Claim {
+            namespace: c.namespace,
+            uid: c.uid,
+            name: c.name,
+        })
+        .collect()
+}
+
+#[tonic::async_trait]
+impl v1beta1::dra_plugin_server::DraPlugin for DraServiceV1beta1 {
+    async fn node_prepare_resources(
+        &self,
+        req: Request<v1beta1::NodePrepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodePrepareResourcesResponse>, Status> {
+        let resp = self
+            .0
+            .prepare(claims_from_beta(req.into_inner().claims))
+            .await;
+        let claims: HashMap<_, _> = resp
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                let devices = r
+                    .devices
+                    .into_iter()
+                    .map(|d| v1beta1::Device {
+                        request_names: d.request_names,
+                        pool_name: d.pool_name,
+                        device_name: d.device_name,
+                        cdi_device_ids: d.cdi_device_ids,
+                    })
+                    .collect();
+                (
+                    uid,
+                    v1beta1::NodePrepareResourceResponse {
+                        devices,
+                        error: r.error,
+                    },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodePrepareResourcesResponse {
+            claims,
+        }))
+    }
+
+    async fn node_unprepare_resources(
+        &self,
+        req: Request<v1beta1::NodeUnprepareResourcesRequest>,
+    ) -> Result<Response<v1beta1::NodeUnprepareResourcesResponse>, Status> {
+        let resp = self
+            .0
+            .unprepare(claims_from_beta(req.into_inner().claims))
+            .await;
+        let claims = resp
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                (
+                    uid,
+                    v1beta1::NodeUnprepareResourceResponse { error: r.error },
+                )
+            })
+            .collect();
+        Ok(Response::new(v1beta1::NodeUnprepareResourcesResponse {
+            claims,
+        }))
+    }
+}

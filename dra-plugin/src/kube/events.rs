@@ -1,0 +1,48 @@
+//! Events on the Node object, for problems an operator must see without reading plugin logs.
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use kube::Api;
+use kube::api::PostParams;
+
+pub async fn node_warning(
+    client: &kube::Client,
+    node: &str,
+    node_uid: Option<&str>,
+    reason: &str,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let now = k8s_openapi::jiff::Timestamp::now();
+    let event = Event {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{node}.")),
+            namespace: Some("default".into()),
+            ..Default::default()
+        },
+        involved_object: ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            uid: node_uid.map(str::to_string),
+            ..Default::default()
+        },
+        reason: Some(reason.into()),
+        message: Some(message.chars().take(1024).collect()),
+        type_: Some("Warning".into()),
+        source: Some(EventSource {
+            component: Some("gpu.nvidia.com/dra-plugin".into()),
+            host: Some(node.into()),
+        }),
+        first_timestamp: Some(Time(now)),
+        last_timestamp: Some(Time(now)),
+        event_time: Some(MicroTime(now)),
+        reporting_component: Some("gpu.nvidia.com/dra-plugin".into()),
+        reporting_instance: Some(node.into()),
+        action: Some("Recover".into()),
+        count: Some(1),
+        ..Default::default()
+    };
+    Api::<Event>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &event)
+        .await
+        .map(|_| ())
+}

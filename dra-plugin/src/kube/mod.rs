@@ -1,0 +1,4 @@
+//! The Kubernetes side: ResourceClaims in, ResourceSlices and Events out.
+pub mod claims;
+pub mod events;
+pub mod publisher;

@@ -1,0 +1,389 @@
+//! Wiring: backend, checkpoint, gRPC servers, publisher, cleanup, metrics, shutdown.
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use gpu_dra_api::gates::FeatureGates;
+use gpu_dra_api::inventory::Inventory;
+use gpu_dra_api::simulated::{GpuGroup, HardwareFile};
+use gpu_dra_api::slices::{SliceOptions, TaintMap, build_pool, to_resource_slices};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use kubelet_proto::{dra_v1, dra_v1beta1, registration};
+use tokio::sync::watch;
+use tracing::{error, info, warn};
+
+use crate::backend::DeviceBackend;
+use crate::backend::nvml::NvmlBackend;
+use crate::backend::simulated::SimulatedBackend;
+use crate::cli::{Backend, DeviceArgs, Output, RunArgs, SlicesArgs};
+use crate::core::ClaimSource;
+use crate::core::cdi::CdiStore;
+use crate::core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
+use crate::core::state::DeviceState;
+use crate::grpc::dra::{DraService, DraServiceV1beta1};
+use crate::grpc::registration::RegistrationService;
+use crate::kube::claims::{ApiClaims, FileClaims};
+use crate::kube::publisher::{Publisher, cluster_splits_counters};
+use crate::metrics::Metrics;
+
+pub fn build_backend(args: &DeviceArgs) -> anyhow::Result<Arc<dyn DeviceBackend>> {
+    Ok(match args.backend {
+        Backend::Simulated => {
+            let (groups, default_layout) = match &args.hardware_file {
+                Some(path) => (HardwareFile::load(path)?.gpus, args.mig_layout.clone()),
+                None => {
+                    anyhow::ensure!(
+                        !args.profiles.is_empty(),
+                        "--backend simulated needs --profile (e.g. h100-80gb:8) or --hardware-file"
+                    );
+                    let groups = args
+                        .profiles
+                        .iter()
+                        .map(|p| GpuGroup::parse(p))
+                        .collect::<Result<Vec<_>, _>>()?;
+                    (groups, args.mig_layout.clone())
+                }
+            };
+            let gates = FeatureGates::parse(&args.feature_gates)?;
+            let layout = if gates.dynamic_mig() {
+                None
+            } else {
+                default_layout
+            };
+            Arc::new(SimulatedBackend::new(
+                &args.node_name,
+                &groups,
+                layout.as_deref(),
+            )?)
+        }
+        Backend::Nvml => Arc::new(NvmlBackend::new(args.driver_root.clone())?),
+    })
+}
+
+/// `dra-plugin slices`: what this node would publish.
+pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
+    let gates = FeatureGates::parse(&args.device.feature_gates)?;
+    let backend = build_backend(&args.device)?;
+    let inv = backend.discover()?;
+    let minor: u32 = args
+        .kubernetes_version
+        .trim_start_matches('v')
+        .split('.')
+        .nth(1)
+        .and_then(|m| m.parse().ok())
+        .with_context(|| {
+            format!(
+                "--kubernetes-version {:?} is not like 1.35",
+                args.kubernetes_version
+            )
+        })?;
+    let opts = SliceOptions {
+        driver: args.device.driver_name.clone(),
+        node_name: args.device.node_name.clone(),
+        dynamic_mig: gates.dynamic_mig(),
+        split_counters: minor >= 35,
+    };
+    let slices = to_resource_slices(build_pool(&inv, &opts, &TaintMap::new()), &opts, 1, None);
+    let objects: Vec<serde_json::Value> = slices
+        .iter()
+        .map(|s| {
+            let mut v = serde_json::to_value(s).expect("slice serializes");
+            v["apiVersion"] = "resource.k8s.io/v1".into();
+            v["kind"] = "ResourceSlice".into();
+            v
+        })
+        .collect();
+    match args.output {
+        Output::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"apiVersion": "v1", "kind": "List", "items": objects})
+            )?
+        ),
+        Output::Yaml => {
+            for o in &objects {
+                print!("---\n{}", serde_yaml::to_string(o)?);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Discovery with retries: a node whose driver is not ready yet must not look GPU-less.
+async fn discover(
+    backend: &Arc<dyn DeviceBackend>,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<Inventory> {
+    let mut delay = Duration::from_secs(1);
+    loop {
+        let b = backend.clone();
+        match tokio::task::spawn_blocking(move || b.discover()).await? {
+            Ok(inv) => return Ok(inv),
+            Err(e) => {
+                warn!(error = %e, retry_in = ?delay, "device discovery failed; publishing nothing until it works")
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = shutdown.changed() => anyhow::bail!("shut down before devices were discovered"),
+        }
+        delay = (delay * 2).min(Duration::from_secs(30));
+    }
+}
+
+async fn kube_client(path: Option<&Path>) -> anyhow::Result<kube::Client> {
+    let config = match path {
+        Some(p) => {
+            let kc = kube::config::Kubeconfig::read_from(p)
+                .with_context(|| format!("reading kubeconfig {}", p.display()))?;
+            kube::Config::from_custom_kubeconfig(kc, &Default::default()).await?
+        }
+        None => kube::Config::infer().await?,
+    };
+    Ok(kube::Client::try_from(config)?)
+}
+
+fn shutdown_signal() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => info!("interrupt: shutting down"),
+        }
+        let _ = tx.send(true);
+    });
+    rx
+}
+
+async fn wait(mut rx: watch::Receiver<bool>) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            return;
+        }
+    }
+}
+
+/// `dra-plugin run`: serves until SIGTERM or Ctrl-C.
+pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    run_until(args, shutdown_signal()).await
+}
+
+/// Serves until `shutdown` turns true (tests drive this directly).
+pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let dev = &args.device;
+    let gates = FeatureGates::parse(&dev.feature_gates)?;
+    let metrics = Arc::new(Metrics::new());
+    let backend = build_backend(dev)?;
+    info!(backend = backend.kind(), node = %dev.node_name, gates = %gates, "starting");
+
+    let client = match &args.offline_claims_dir {
+        Some(_) => None,
+        None => Some(kube_client(args.kubeconfig.as_deref()).await?),
+    };
+    let node_uid = match &client {
+        Some(c) => kube::Api::<k8s_openapi::api::core::v1::Node>::all(c.clone())
+            .get_opt(&dev.node_name)
+            .await
+            .ok()
+            .flatten()
+            .and_then(|n| n.metadata.uid),
+        None => None,
+    };
+
+    std::fs::create_dir_all(&args.plugin_dir)
+        .with_context(|| format!("creating {}", args.plugin_dir.display()))?;
+    let boot_id = read_boot_id(&args.boot_id_file)?;
+    let (checkpoint, outcome) =
+        Checkpoint::load(&args.plugin_dir.join("checkpoint.json"), &boot_id)?;
+    let cdi = CdiStore::new(&args.cdi_root);
+    let inventory = discover(&backend, shutdown.clone()).await?;
+    let state = Arc::new(DeviceState::new(
+        &dev.node_name,
+        backend.clone(),
+        inventory.clone(),
+        checkpoint,
+        cdi.clone(),
+        gates.clone(),
+    ));
+    match &outcome {
+        LoadOutcome::Loaded | LoadOutcome::Fresh => {}
+        LoadOutcome::Rebooted { dropped } => {
+            info!(
+                claims = dropped.len(),
+                "node rebooted since the checkpoint was written; prepared state was lost with it"
+            );
+            for uid in dropped {
+                cdi.remove(uid)?;
+            }
+        }
+        LoadOutcome::Corrupt { reason, moved_to } => {
+            let adopted = state.adopt_from_cdi().await?;
+            let msg = format!(
+                "checkpoint was unreadable ({reason}); moved to {} and rebuilt {} prepared claims from CDI specs",
+                moved_to.display(),
+                adopted.len()
+            );
+            error!("{msg}");
+            if let Some(c) = &client
+                && let Err(e) = crate::kube::events::node_warning(
+                    c,
+                    &dev.node_name,
+                    node_uid.as_deref(),
+                    "CheckpointCorrupt",
+                    &msg,
+                )
+                .await
+            {
+                warn!(error = %e, "could not record the event");
+            }
+        }
+    }
+    metrics
+        .prepared_devices
+        .set(state.prepared_device_count() as i64);
+
+    let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
+        (Some(dir), _) => Arc::new(FileClaims::new(
+            dir.clone(),
+            &dev.driver_name,
+            &dev.node_name,
+        )),
+        (None, Some(c)) => Arc::new(ApiClaims::new(c.clone(), &dev.driver_name, &dev.node_name)),
+        (None, None) => unreachable!("a client exists whenever there is no offline directory"),
+    };
+
+    // The DRA socket first, then registration: the kubelet may call as soon as it sees us.
+    let dra_path = std::path::absolute(args.plugin_dir.join("dra.sock"))?;
+    let reg_path = args
+        .registrar_dir
+        .join(format!("{}-reg.sock", dev.driver_name));
+    let service = DraService::new(state.clone(), claims, metrics.clone());
+    let (dra_incoming, dra_guard) = crate::grpc::server::bind(&dra_path)?;
+    let dra_server = tokio::spawn({
+        let shutdown = shutdown.clone();
+        tonic::transport::Server::builder()
+            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
+                service.clone(),
+            ))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+                DraServiceV1beta1(service),
+            ))
+            .serve_with_incoming_shutdown(dra_incoming, wait(shutdown))
+    });
+    let registration = RegistrationService::new(&dev.driver_name, &dra_path.to_string_lossy());
+    let (reg_incoming, reg_guard) = crate::grpc::server::bind(&reg_path)?;
+    let reg_server = tokio::spawn({
+        let shutdown = shutdown.clone();
+        tonic::transport::Server::builder()
+            .add_service(registration::registration_server::RegistrationServer::new(
+                registration,
+            ))
+            .serve_with_incoming_shutdown(reg_incoming, wait(shutdown))
+    });
+    info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
+
+    if args.metrics_port != 0 {
+        let addr = SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
+        let bound = crate::metrics::serve(addr, metrics.clone(), wait(shutdown.clone())).await?;
+        info!(%bound, "metrics");
+    }
+    if args.healthcheck_port != 0 {
+        spawn_health(args.healthcheck_port, reg_path.clone(), shutdown.clone()).await?;
+    }
+
+    if let Some(client) = client.clone() {
+        let opts = SliceOptions {
+            driver: dev.driver_name.clone(),
+            node_name: dev.node_name.clone(),
+            dynamic_mig: gates.dynamic_mig(),
+            split_counters: cluster_splits_counters(&client).await,
+        };
+        let contents = build_pool(&inventory, &opts, &TaintMap::new());
+        let (_contents_tx, contents_rx) = watch::channel(contents);
+        let publisher = Publisher::new(client.clone(), opts, metrics.clone());
+        tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
+        tokio::spawn(cleanup_loop(client, state.clone(), shutdown.clone()));
+        // Keep the sender alive for the process lifetime: health (taints) will update it.
+        std::mem::forget(_contents_tx);
+    }
+
+    wait(shutdown).await;
+    let _ = tokio::time::timeout(Duration::from_secs(5), async {
+        let _ = dra_server.await;
+        let _ = reg_server.await;
+    })
+    .await;
+    drop((dra_guard, reg_guard));
+    info!("stopped");
+    Ok(())
+}
+
+/// gRPC health (`liveness`): serving only while our own registration socket answers GetInfo.
+async fn spawn_health(
+    port: u16,
+    reg_path: std::path::PathBuf,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, wait(shutdown.clone())),
+    );
+    tokio::spawn(async move {
+        loop {
+            let ok = crate::grpc::client::get_info(&reg_path).await.is_ok();
+            let status = if ok {
+                tonic_health::ServingStatus::Serving
+            } else {
+                tonic_health::ServingStatus::NotServing
+            };
+            reporter.set_service_status("liveness", status).await;
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            if *shutdown.borrow() {
+                break;
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Unprepares claims whose ResourceClaim is gone or was re-created: stale `PrepareStarted`
+/// records of crashed prepares, and claims adopted after a checkpoint loss. At start and every
+/// ten minutes.
+async fn cleanup_loop(
+    client: kube::Client,
+    state: Arc<DeviceState>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        for (uid, record) in state.checkpoint().claims() {
+            let api: kube::Api<ResourceClaim> =
+                kube::Api::namespaced(client.clone(), &record.namespace);
+            let gone = match api.get_opt(&record.name).await {
+                Ok(None) => true,
+                Ok(Some(c)) => c.metadata.uid.as_deref() != Some(uid.as_str()),
+                Err(e) => {
+                    warn!(error = %e, "cleanup: cannot read ResourceClaims; will retry");
+                    break;
+                }
+            };
+            if gone {
+                info!(claim_uid = %uid, claim = %format!("{}/{}", record.namespace, record.name), state = ?record.state, "cleaning up a claim whose ResourceClaim is gone");
+                if let Err(e) = state.unprepare(&uid).await {
+                    warn!(claim_uid = %uid, error = %e, "cleanup failed");
+                }
+            }
+        }
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(600)) => {}
+            _ = shutdown.changed() => return,
+        }
+    }
+}
