@@ -50,6 +50,7 @@ fn init_tracing() {
                     .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn,e2e=info")),
             )
             .with_test_writer()
+            .with_ansi(false)
             .try_init();
     });
 }
@@ -489,7 +490,9 @@ impl Env {
         }
         let lp = ListParams::default().labels(&format!("e2e-test={}", self.test));
         for n in nodes.list(&lp).await?.items {
-            nodes.delete(&n.name_any(), &DeleteParams::default()).await?;
+            nodes
+                .delete(&n.name_any(), &DeleteParams::default())
+                .await?;
         }
         let nss: Api<Namespace> = Api::all(self.client.clone());
         nss.delete(&self.ns, &DeleteParams::default()).await?;

@@ -17,6 +17,8 @@ use kube::api::{Api, DeleteParams, ListParams};
 use kube::discovery::Discovery;
 use kubelet_proto::dra_v1;
 
+mod double;
+
 macro_rules! env_or_skip {
     ($name:expr) => {
         match Env::new($name).await? {
@@ -191,6 +193,92 @@ async fn s0_control_plane_allocates_from_handmade_slice() -> Result<()> {
     slices
         .delete("s0-handmade-gpu", &Default::default())
         .await?;
+    env.teardown().await
+}
+
+/// The kubelet role itself, against a minimal in-process driver (tests/double): registration,
+/// prepare after reservation, CDI checks, Running, unprepare on delete, then the pod and claim go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s0_harness_selftest_with_test_double() -> Result<()> {
+    let env = env_or_skip!("s0_harness_selftest_with_test_double");
+    let node = "s0-double";
+    e2e::env::create_node(&env.client, node, &env.test).await?;
+    let slice: ResourceSlice = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "s0-double-gpu"},
+        "spec": {
+            "driver": e2e::DRIVER,
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": (0..2).map(|i| serde_json::json!({
+                "name": format!("gpu-{i}"),
+                "attributes": {"type": {"string": "gpu"}},
+            })).collect::<Vec<_>>(),
+        }
+    }))?;
+    let slices: Api<ResourceSlice> = Api::all(env.client.clone());
+    slices.create(&Default::default(), &slice).await?;
+    let dirs = e2e::plugin::NodeDirs::create(&env.work, node)?;
+    let dbl = double::start(env.client.clone(), &dirs.registrar, &dirs.plugin, &dirs.cdi)?;
+    let kubelet =
+        e2e::kubelet::Kubelet::start(env.client.clone(), node, &dirs.registrar, &dirs.cdi, WAIT)
+            .await?;
+    env.create_from_file("examples/claims/single-gpu.yaml")
+        .await?;
+    let claim = [PodClaim {
+        name: "gpu",
+        template: "single-gpu",
+    }];
+    for pod in ["d-1", "d-2", "d-3"] {
+        env.create_pod(&env.pod_manifest(pod, Some(node), &claim, None)?)
+            .await?;
+    }
+    env.wait_running("d-1").await?;
+    env.wait_running("d-2").await?;
+    wait_unschedulable(&env, "d-3").await?;
+    let c1 = env.pod_claim("d-1", "gpu").await?;
+    let uid1 = c1.uid().unwrap_or_default();
+    ensure!(
+        kubelet.prepared().contains_key(&uid1),
+        "d-1's claim not prepared"
+    );
+    let spec1 = dirs
+        .cdi
+        .join(format!("k8s.gpu.nvidia.com-claim_{uid1}.json"));
+    ensure!(spec1.exists(), "no CDI spec for d-1");
+    env.delete_pod("d-1").await?;
+    env.wait_pod_gone("d-1").await?;
+    ensure!(!spec1.exists(), "CDI spec of d-1 still there");
+    env.wait_running("d-3").await?;
+    for pod in ["d-2", "d-3"] {
+        env.delete_pod(pod).await?;
+        env.wait_pod_gone(pod).await?;
+    }
+    wait_until("all claims deleted", WAIT, || async {
+        Ok(env
+            .claims()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+    ensure!(kubelet.prepared().is_empty(), "claims still prepared");
+    ensure!(
+        e2e::cdi::spec_files(&dirs.cdi)?.is_empty(),
+        "CDI specs left"
+    );
+    let prepares = dbl.prepares.lock().unwrap().clone();
+    ensure!(
+        prepares.len() == 3,
+        "driver saw {} prepares: {prepares:?}",
+        prepares.len()
+    );
+    let v = kubelet.violations();
+    ensure!(v.is_empty(), "violations: {v:?}");
+    drop(kubelet);
+    drop(dbl);
+    slices.delete("s0-double-gpu", &Default::default()).await?;
     env.teardown().await
 }
 

@@ -1,0 +1,276 @@
+// Command oracle is the differential reference for the Rust simulator: it runs the upstream
+// Kubernetes DRA CEL environment and structured allocator (k8s.io/dynamic-resource-allocation
+// v0.37.2, the scheduler's feature set) on cases read as JSON from stdin and prints the answers as
+// JSON, in the same shape the Rust side produces.
+//
+// Modes: default (cases on stdin -> answers on stdout); "bench-cel" and "bench-alloc" print timings.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	resourceapi "k8s.io/api/resource/v1"
+	"k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/dynamic-resource-allocation/cel"
+	"k8s.io/dynamic-resource-allocation/structured"
+)
+
+type Node struct {
+	Name   string            `json:"name"`
+	Labels map[string]string `json:"labels"`
+}
+
+type EvalCase struct {
+	Expression string     `json:"expression"`
+	Device     cel.Device `json:"device"`
+}
+
+type Case struct {
+	Classes   []*resourceapi.DeviceClass   `json:"classes"`
+	Slices    []*resourceapi.ResourceSlice `json:"slices"`
+	Claims    []*resourceapi.ResourceClaim `json:"claims"`
+	Allocated []*resourceapi.ResourceClaim `json:"allocated"`
+	Node      *Node                        `json:"node"`
+	Evals     []EvalCase                   `json:"evals"`
+}
+
+type EvalAnswer struct {
+	Result  string `json:"result"`
+	Message string `json:"message,omitempty"`
+}
+
+type Answer struct {
+	Status  string                         `json:"status,omitempty"`
+	Error   string                         `json:"error,omitempty"`
+	Results []resourceapi.AllocationResult `json:"results,omitempty"`
+	Evals   []EvalAnswer                   `json:"evals,omitempty"`
+}
+
+type classLister map[string]*resourceapi.DeviceClass
+
+func (l classLister) List() ([]*resourceapi.DeviceClass, error) {
+	var out []*resourceapi.DeviceClass
+	for _, c := range l {
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+func (l classLister) Get(name string) (*resourceapi.DeviceClass, error) {
+	if c, ok := l[name]; ok {
+		return c, nil
+	}
+	return nil, errors.NewNotFound(schema.GroupResource{Group: "resource.k8s.io", Resource: "deviceclasses"}, name)
+}
+
+var features = structured.Features{
+	AdminAccess:             true,
+	PrioritizedList:         true,
+	PartitionableDevices:    true,
+	DeviceTaints:            true,
+	DeviceBindingAndStatus:  true,
+	ConsumableCapacity:      true,
+	FractionalCapacityRange: true,
+}
+
+var celCache = cel.NewCache(1000, cel.Features{EnableConsumableCapacity: true})
+
+func defaults(claims []*resourceapi.ResourceClaim) {
+	for _, c := range claims {
+		for i := range c.Spec.Devices.Requests {
+			r := &c.Spec.Devices.Requests[i]
+			if r.Exactly != nil {
+				if r.Exactly.AllocationMode == "" {
+					r.Exactly.AllocationMode = resourceapi.DeviceAllocationModeExactCount
+				}
+				if r.Exactly.AllocationMode == resourceapi.DeviceAllocationModeExactCount && r.Exactly.Count == 0 {
+					r.Exactly.Count = 1
+				}
+			}
+			for j := range r.FirstAvailable {
+				s := &r.FirstAvailable[j]
+				if s.AllocationMode == "" {
+					s.AllocationMode = resourceapi.DeviceAllocationModeExactCount
+				}
+				if s.AllocationMode == resourceapi.DeviceAllocationModeExactCount && s.Count == 0 {
+					s.Count = 1
+				}
+			}
+		}
+	}
+}
+
+func allocatedState(claims []*resourceapi.ResourceClaim) structured.AllocatedState {
+	st := structured.AllocatedState{
+		AllocatedDevices:         sets.New[structured.DeviceID](),
+		AllocatedSharedDeviceIDs: sets.New[structured.SharedDeviceID](),
+		AggregatedCapacity:       structured.NewConsumedCapacityCollection(),
+	}
+	for _, c := range claims {
+		if c.Status.Allocation == nil {
+			continue
+		}
+		for _, r := range c.Status.Allocation.Devices.Results {
+			if r.AdminAccess != nil && *r.AdminAccess {
+				continue
+			}
+			id := structured.MakeDeviceID(r.Driver, r.Pool, r.Device)
+			if r.ShareID != nil {
+				st.AllocatedSharedDeviceIDs.Insert(structured.MakeSharedDeviceID(id, r.ShareID))
+				st.AggregatedCapacity.Insert(structured.NewDeviceConsumedCapacity(id, r.ConsumedCapacity))
+			} else {
+				st.AllocatedDevices.Insert(id)
+			}
+		}
+	}
+	return st
+}
+
+func allocate(ctx context.Context, c *Case) Answer {
+	lister := classLister{}
+	for _, cl := range c.Classes {
+		lister[cl.Name] = cl
+	}
+	defaults(c.Claims)
+	a, err := structured.NewAllocator(ctx, features, allocatedState(c.Allocated), lister, c.Slices, celCache)
+	if err != nil {
+		return Answer{Status: "error", Error: err.Error()}
+	}
+	node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: c.Node.Name, Labels: c.Node.Labels}}
+	res, err := a.Allocate(ctx, node, c.Claims)
+	if err != nil {
+		return Answer{Status: "error", Error: err.Error()}
+	}
+	if res == nil {
+		return Answer{Status: "unsatisfiable"}
+	}
+	for i := range res {
+		for j := range res[i].Devices.Results {
+			if res[i].Devices.Results[j].ShareID != nil {
+				s := "share"
+				res[i].Devices.Results[j].ShareID = (*types.UID)(&s)
+			}
+		}
+	}
+	return Answer{Status: "ok", Results: res}
+}
+
+func evalOne(ctx context.Context, e EvalCase) EvalAnswer {
+	r := celCache.GetOrCompile(e.Expression)
+	if r.Error != nil {
+		return EvalAnswer{Result: "compile_error", Message: r.Error.Error()}
+	}
+	m, _, err := r.DeviceMatches(ctx, e.Device)
+	if err != nil {
+		return EvalAnswer{Result: "error", Message: err.Error()}
+	}
+	return EvalAnswer{Result: fmt.Sprint(m)}
+}
+
+func main() {
+	ctx := context.Background()
+	mode := ""
+	if len(os.Args) > 1 {
+		mode = os.Args[1]
+	}
+	var cases []Case
+	if err := json.NewDecoder(os.Stdin).Decode(&cases); err != nil {
+		fmt.Fprintln(os.Stderr, "oracle: decoding cases:", err)
+		os.Exit(2)
+	}
+	switch mode {
+	case "bench-cel":
+		benchCEL(ctx, cases)
+		return
+	case "bench-alloc":
+		benchAlloc(ctx, cases)
+		return
+	}
+	answers := make([]Answer, len(cases))
+	for i := range cases {
+		c := &cases[i]
+		var a Answer
+		if c.Node != nil {
+			a = allocate(ctx, c)
+		}
+		for _, e := range c.Evals {
+			a.Evals = append(a.Evals, evalOne(ctx, e))
+		}
+		answers[i] = a
+	}
+	enc := json.NewEncoder(os.Stdout)
+	if err := enc.Encode(answers); err != nil {
+		fmt.Fprintln(os.Stderr, "oracle:", err)
+		os.Exit(2)
+	}
+}
+
+// benchCEL evaluates every (expression, device) pair of the first case repeatedly for ~2s and
+// prints evaluations per second.
+func benchCEL(ctx context.Context, cases []Case) {
+	evals := cases[0].Evals
+	for _, e := range evals {
+		celCache.GetOrCompile(e.Expression)
+	}
+	n := 0
+	start := time.Now()
+	for time.Since(start) < 2*time.Second {
+		for _, e := range evals {
+			r := celCache.GetOrCompile(e.Expression)
+			_, _, _ = r.DeviceMatches(ctx, e.Device)
+			n++
+		}
+	}
+	el := time.Since(start)
+	fmt.Printf("{\"evals\": %d, \"seconds\": %f, \"per_sec\": %f}\n", n, el.Seconds(), float64(n)/el.Seconds())
+}
+
+// benchAlloc runs the scheduler Filter for one pod over every node named in the slices of the
+// first case (a fresh allocator per pod, like one scheduling cycle), repeated for ~3s.
+func benchAlloc(ctx context.Context, cases []Case) {
+	c := &cases[0]
+	defaults(c.Claims)
+	lister := classLister{}
+	for _, cl := range c.Classes {
+		lister[cl.Name] = cl
+	}
+	names := sets.New[string]()
+	for _, s := range c.Slices {
+		if s.Spec.NodeName != nil {
+			names.Insert(*s.Spec.NodeName)
+		}
+	}
+	nodes := sets.List(names)
+	iters, fits := 0, 0
+	start := time.Now()
+	for iters == 0 || time.Since(start) < 3*time.Second {
+		a, err := structured.NewAllocator(ctx, features, allocatedState(c.Allocated), lister, c.Slices, celCache)
+		if err != nil {
+			panic(err)
+		}
+		fits = 0
+		for _, n := range nodes {
+			node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}
+			res, err := a.Allocate(ctx, node, c.Claims)
+			if err != nil && !strings.Contains(err.Error(), "invalid resource pools") {
+				panic(err)
+			}
+			if res != nil {
+				fits++
+			}
+		}
+		iters++
+	}
+	el := time.Since(start)
+	fmt.Printf("{\"pods\": %d, \"nodes\": %d, \"fits\": %d, \"seconds_per_pod\": %f}\n", iters, len(nodes), fits, el.Seconds()/float64(iters))
+}
