@@ -263,7 +263,7 @@ impl<'a> Allocator<'a> {
             Ok(false) | Err(Stop::MaxSize) => {
                 if run.pools.iter().any(|p| p.invalid.is_some()) {
                     return Err(
-                        "invalid resource pools were encountered: ErrFailedAllocationOnNode"
+                        "invalid resource pools were encountered"
                             .to_string(),
                     );
                 }
