@@ -1,0 +1,411 @@
+//! The plugin over its real Unix sockets, with a client built from our own protos: registration,
+//! prepare/unprepare on v1 and v1beta1, per-claim errors, concurrency, restarts and a corrupt
+//! checkpoint. Claims come from files (offline mode), so no API server is needed here.
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dra_plugin::cli::{Backend, DeviceArgs, RunArgs};
+use dra_plugin::grpc::client::{get_info, unix_channel};
+use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
+use kubelet_proto::dra_v1beta1::{
+    self as v1beta1, dra_plugin_client::DraPluginClient as BetaClient,
+};
+use kubelet_proto::registration::{RegistrationStatus, registration_client::RegistrationClient};
+use tokio::sync::watch;
+
+struct Plugin {
+    dir: PathBuf,
+    stop: watch::Sender<bool>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+fn args(dir: &Path, gates: &str, layout: Option<&str>) -> RunArgs {
+    RunArgs {
+        device: DeviceArgs {
+            node_name: "node-1".into(),
+            driver_name: "gpu.nvidia.com".into(),
+            feature_gates: gates.into(),
+            backend: Backend::Simulated,
+            profiles: vec!["h100-80gb:8".into()],
+            hardware_file: None,
+            mig_layout: layout.map(str::to_string),
+            driver_root: None,
+        },
+        kubeconfig: None,
+        registrar_dir: dir.join("registry"),
+        plugin_dir: dir.join("plugin"),
+        cdi_root: dir.join("cdi"),
+        metrics_port: 0,
+        healthcheck_port: 0,
+        offline_claims_dir: Some(dir.join("claims")),
+        boot_id_file: dir.join("boot_id"),
+    }
+}
+
+async fn start(dir: &Path) -> Plugin {
+    start_with(dir, "", None).await
+}
+
+async fn start_with(dir: &Path, gates: &str, layout: Option<&str>) -> Plugin {
+    std::fs::create_dir_all(dir.join("claims")).unwrap();
+    if !dir.join("boot_id").exists() {
+        std::fs::write(dir.join("boot_id"), "boot-a\n").unwrap();
+    }
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(dra_plugin::run::run_until(args(dir, gates, layout), rx));
+    let reg = dir.join("registry/gpu.nvidia.com-reg.sock");
+    for _ in 0..200 {
+        if get_info(&reg).await.is_ok() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Plugin {
+        dir: dir.to_path_buf(),
+        stop,
+        task,
+    }
+}
+
+impl Plugin {
+    async fn stop(self) {
+        self.stop.send(true).unwrap();
+        self.task.await.unwrap().unwrap();
+    }
+
+    async fn v1(&self) -> DraPluginClient<tonic::transport::Channel> {
+        DraPluginClient::new(
+            unix_channel(&self.dir.join("plugin/dra.sock"))
+                .await
+                .unwrap(),
+        )
+    }
+}
+
+/// Writes an allocated ResourceClaim for the offline claim source.
+fn claim(dir: &Path, name: &str, uid: &str, results: &[(&str, &str)]) -> v1::Claim {
+    let results: Vec<_> = results
+        .iter()
+        .map(|(req, dev)| serde_json::json!({"request": req, "driver": "gpu.nvidia.com", "pool": "node-1", "device": dev}))
+        .collect();
+    let obj = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ns", "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": results}}}
+    });
+    std::fs::write(dir.join(format!("claims/ns_{name}.json")), obj.to_string()).unwrap();
+    v1::Claim {
+        namespace: "ns".into(),
+        uid: uid.into(),
+        name: name.into(),
+    }
+}
+
+#[tokio::test]
+async fn registers_with_v1_first_and_an_absolute_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    // A stale socket file from a crashed predecessor must not stop us.
+    std::fs::create_dir_all(dir.path().join("registry")).unwrap();
+    std::fs::write(dir.path().join("registry/gpu.nvidia.com-reg.sock"), "stale").unwrap();
+    let p = start(dir.path()).await;
+    let reg = dir.path().join("registry/gpu.nvidia.com-reg.sock");
+    let info = get_info(&reg).await.unwrap();
+    assert_eq!(info.r#type, "DRAPlugin");
+    assert_eq!(info.name, "gpu.nvidia.com");
+    assert_eq!(
+        info.endpoint,
+        dir.path().join("plugin/dra.sock").to_string_lossy()
+    );
+    assert!(Path::new(&info.endpoint).is_absolute());
+    assert_eq!(
+        info.supported_versions,
+        ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+    );
+    let mut rc = RegistrationClient::new(unix_channel(&reg).await.unwrap());
+    rc.notify_registration_status(RegistrationStatus {
+        plugin_registered: true,
+        error: String::new(),
+    })
+    .await
+    .unwrap();
+    let refused = rc
+        .notify_registration_status(RegistrationStatus {
+            plugin_registered: false,
+            error: "no".into(),
+        })
+        .await;
+    assert!(
+        refused.is_err(),
+        "a refused registration is reported back as an error"
+    );
+    p.stop().await;
+    assert!(!reg.exists(), "sockets are removed on shutdown");
+    assert!(!dir.path().join("plugin/dra.sock").exists());
+}
+
+#[tokio::test]
+async fn prepare_and_unprepare_over_v1() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(dir.path()).await;
+    let c = claim(
+        dir.path(),
+        "train",
+        "uid-1",
+        &[("gpus", "gpu-0"), ("gpus", "gpu-1")],
+    );
+    let mut client = p.v1().await;
+    let resp = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = &resp.claims["uid-1"];
+    assert_eq!(r.error, "");
+    assert_eq!(r.devices.len(), 2);
+    assert_eq!(r.devices[0].pool_name, "node-1");
+    assert_eq!(r.devices[0].request_names, ["gpus"]);
+    assert_eq!(
+        r.devices[1].cdi_device_ids,
+        ["k8s.gpu.nvidia.com/claim=uid-1-gpu-1"]
+    );
+    let spec = dir.path().join("cdi/k8s.gpu.nvidia.com-claim_uid-1.json");
+    let text = std::fs::read_to_string(&spec).unwrap();
+    assert!(
+        text.contains("\"name\": \"uid-1-gpu-1\"")
+            && text.contains("/dev/nvidia1")
+            && text.contains("NVIDIA_VISIBLE_DEVICES=GPU-"),
+        "{text}"
+    );
+    // Idempotent.
+    let again = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again.claims["uid-1"], *r);
+    let un = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(un.claims["uid-1"].error, "");
+    assert!(!spec.exists());
+    let un = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![c] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        un.claims["uid-1"].error, "",
+        "unknown claims unprepare fine"
+    );
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn v1beta1_serves_the_same_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_with(dir.path(), "", Some("all-3g.40gb")).await;
+    let c = claim(
+        dir.path(),
+        "mig",
+        "uid-b",
+        &[("gpu/mig-slice", "gpu-3-mig-3g40gb-9-4")],
+    );
+    let mut client = BetaClient::new(
+        unix_channel(&dir.path().join("plugin/dra.sock"))
+            .await
+            .unwrap(),
+    );
+    let beta = v1beta1::Claim {
+        namespace: c.namespace,
+        uid: c.uid,
+        name: c.name,
+    };
+    let resp = client
+        .node_prepare_resources(v1beta1::NodePrepareResourcesRequest {
+            claims: vec![beta.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let r = &resp.claims["uid-b"];
+    assert_eq!(r.error, "");
+    assert_eq!(r.devices[0].device_name, "gpu-3-mig-3g40gb-9-4");
+    assert_eq!(
+        r.devices[0].request_names,
+        ["gpu"],
+        "subrequest names are stripped"
+    );
+    let un = client
+        .node_unprepare_resources(v1beta1::NodeUnprepareResourcesRequest { claims: vec![beta] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(un.claims["uid-b"].error, "");
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn one_bad_claim_never_fails_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(dir.path()).await;
+    let good = claim(dir.path(), "good", "uid-g", &[("gpu", "gpu-2")]);
+    let bad = claim(dir.path(), "bad", "uid-x", &[("gpu", "gpu-42")]);
+    let missing = v1::Claim {
+        namespace: "ns".into(),
+        uid: "uid-m".into(),
+        name: "missing".into(),
+    };
+    let replaced = v1::Claim {
+        namespace: "ns".into(),
+        uid: "uid-old".into(),
+        name: "good".into(),
+    };
+    let resp = p
+        .v1()
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![good, bad, missing, replaced],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.claims.len(), 4, "every claim gets an entry");
+    assert_eq!(resp.claims["uid-g"].error, "");
+    assert!(
+        resp.claims["uid-x"].error.contains("no such GPU"),
+        "{}",
+        resp.claims["uid-x"].error
+    );
+    assert!(resp.claims["uid-m"].error.contains("not found"));
+    assert!(resp.claims["uid-old"].error.contains("re-created"));
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn concurrent_calls_for_different_claims() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_with(dir.path(), "", Some("all-1g.10gb")).await;
+    let mut tasks = Vec::new();
+    for gpu in 0..8 {
+        for start in 0..7 {
+            let c = claim(
+                dir.path(),
+                &format!("c-{gpu}-{start}"),
+                &format!("uid-{gpu}-{start}"),
+                &[("mig", &format!("gpu-{gpu}-mig-1g10gb-19-{start}"))],
+            );
+            let mut client = p.v1().await;
+            tasks.push(tokio::spawn(async move {
+                let r = client
+                    .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                        claims: vec![c.clone()],
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert_eq!(r.claims[&c.uid].error, "");
+                let u = client
+                    .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                        claims: vec![c.clone()],
+                    })
+                    .await
+                    .unwrap()
+                    .into_inner();
+                assert_eq!(u.claims[&c.uid].error, "");
+            }));
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("cdi")).unwrap().count(),
+        0
+    );
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(dir.path()).await;
+    let c = claim(dir.path(), "keep", "uid-k", &[("gpu", "gpu-5")]);
+    let first = p
+        .v1()
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    p.stop().await;
+
+    let p = start(dir.path()).await;
+    let again = p
+        .v1()
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(again, first);
+    // Another claim may not take the same GPU while it is prepared.
+    let thief = claim(dir.path(), "thief", "uid-t", &[("gpu", "gpu-5")]);
+    let r = p
+        .v1()
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![thief],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        r.claims["uid-t"].error.contains("already prepared"),
+        "{}",
+        r.claims["uid-t"].error
+    );
+    p.stop().await;
+
+    std::fs::write(dir.path().join("plugin/checkpoint.json"), "{garbage").unwrap();
+    let p = start(dir.path()).await;
+    let after = p
+        .v1()
+        .await
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(after, first, "rebuilt from the CDI spec; still prepared");
+    let aside: Vec<_> = std::fs::read_dir(dir.path().join("plugin"))
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains("corrupt"))
+        .collect();
+    assert_eq!(aside.len(), 1, "the corrupt file is kept for inspection");
+    p.stop().await;
+
+    // A reboot (new boot ID) drops prepared state: the kubelet prepares again.
+    std::fs::write(dir.path().join("boot_id"), "boot-b\n").unwrap();
+    let p = start(dir.path()).await;
+    assert!(
+        !dir.path()
+            .join("cdi/k8s.gpu.nvidia.com-claim_uid-k.json")
+            .exists()
+    );
+    p.stop().await;
+}
