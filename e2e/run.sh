@@ -58,7 +58,7 @@ finish() {
       [ -e "$pidf" ] || continue
       pid=$(cat "$pidf")
       # Only a plugin of this run (its command line names the work dir), never a reused pid.
-      if tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--registrar-dir $WORK/"; then
+      if [ -r "/proc/$pid/cmdline" ] && tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null | grep -q -- "--registrar-dir $WORK/"; then
         kill -9 "$pid" 2>/dev/null || true
       fi
     done

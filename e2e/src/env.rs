@@ -571,6 +571,19 @@ pub async fn dry_run_create(
         dry_run: true,
         field_manager: Some("e2e".into()),
     };
-    api.create(&pp, &dobj).await?;
-    Ok(())
+    match api.create(&pp, &dobj).await {
+        Ok(_) => Ok(()),
+        // Already there (the scenario applied the DeviceClasses): validate as an update instead.
+        Err(kube::Error::Api(s)) if s.code == 409 => {
+            let name = dobj
+                .metadata
+                .name
+                .clone()
+                .context("object without a name")?;
+            let params = PatchParams::apply("e2e-validate").force().dry_run();
+            api.patch(&name, &params, &Patch::Apply(obj)).await?;
+            Ok(())
+        }
+        Err(e) => Err(e.into()),
+    }
 }

@@ -299,8 +299,19 @@ async fn s1_api_accepts_slices_and_objects() -> Result<()> {
         let model = gpu_dra_api::profiles::lookup(alias).map_err(|e| anyhow!("{e}"))?;
         let profile = format!("{alias}:8");
         let mut variants: Vec<Vec<&str>> = vec![vec![]];
+        let smallest = model.profiles.first().map(|p| format!("all-{}", p.name));
         if model.mig_capable {
-            variants.push(vec!["--mig-layout", "all-balanced"]);
+            if let Some(l) = &smallest {
+                variants.push(vec!["--mig-layout", l]);
+            }
+            // "balanced" mixes 3g/2g/1g slices; only models with a plain 3g profile have it.
+            if model
+                .profiles
+                .iter()
+                .any(|p| p.name.starts_with("3g.") && !p.name.contains('+'))
+            {
+                variants.push(vec!["--mig-layout", "all-balanced"]);
+            }
             variants.push(vec!["--feature-gates", "DynamicMIG=true"]);
         }
         if alias == "h100-80gb" {
