@@ -262,10 +262,7 @@ impl<'a> Allocator<'a> {
             Ok(true) => {}
             Ok(false) | Err(Stop::MaxSize) => {
                 if run.pools.iter().any(|p| p.invalid.is_some()) {
-                    return Err(
-                        "invalid resource pools were encountered"
-                            .to_string(),
-                    );
+                    return Err("invalid resource pools were encountered".to_string());
                 }
                 return Ok(None);
             }

@@ -56,7 +56,7 @@ pub fn compile(expr: &str) -> Result<Program, String> {
     let (node, ty) = c
         .compile(&ast)
         .map_err(|e| format!("compilation failed: {e}"))?;
-    if !(ty == types::Ty::Bool || ty == types::Ty::Any) {
+    if !(ty == types::Ty::Bool || ty.is_dyn()) {
         return Err(format!(
             "must evaluate to bool or the unknown type, not {ty}"
         ));

@@ -69,7 +69,8 @@ fn basics_and_compile_errors() {
     assert!(e.contains("expected type 'int' but found 'string'"), "{e}");
     let e = compile("'a'.matches('[')").unwrap_err();
     assert!(e.contains("compilation failed"), "{e}");
-    assert!(compile("dyn(true)").is_err());
+    assert!(compile("dyn(true)").is_ok());
+    assert!(compile("device.attributes").is_err());
 }
 
 #[test]
