@@ -1031,9 +1031,26 @@ async fn s7_many_pods_churn() -> Result<()> {
                 .then_some(()))
         })
         .await?;
+        let gone_after = start.elapsed();
+        // The controller deletes the generated claims of gone pods; the next round starts clean.
+        wait_until(
+            &format!("round {round}: generated claims deleted"),
+            WAIT,
+            || async {
+                Ok(env
+                    .claims()
+                    .list(&ListParams::default())
+                    .await?
+                    .items
+                    .is_empty()
+                    .then_some(()))
+            },
+        )
+        .await?;
         println!(
-            "s7: round {round}: {pods_per_round} pods Running after {:.1}s, all gone after {:.1}s; per node {per_node:?}",
+            "s7: round {round}: {pods_per_round} pods Running after {:.1}s, pods gone after {:.1}s, claims gone after {:.1}s; per node {per_node:?}",
             running_after.as_secs_f64(),
+            gone_after.as_secs_f64(),
             start.elapsed().as_secs_f64()
         );
     }
