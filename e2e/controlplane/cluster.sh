@@ -136,11 +136,13 @@ EOF
   # garbage collection of owner-referenced objects (ResourceSlices of deleted Nodes), namespace deletion.
   _start kube-controller-manager "$CLUSTER_BIN/kube-controller-manager" \
     --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" --leader-elect=false --secure-port=0 \
+    --kube-api-qps=200 --kube-api-burst=400 \
     --controllers=resourceclaim-controller,garbage-collector-controller,namespace-controller \
     --v=1
   _start kube-scheduler "$CLUSTER_BIN/kube-scheduler" \
     --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" --leader-elect=false \
-    --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --v=2
+    --bind-address=127.0.0.1 --secure-port="$SCHEDULER_PORT" --v=2 \
+    --kube-api-qps=200 --kube-api-burst=400
   wait_for kube-scheduler "$PID_kube_scheduler" 60 \
     curl -skf "https://127.0.0.1:$SCHEDULER_PORT/healthz"
   # The controller manager serves nothing; it is ready once it runs and the API answers.

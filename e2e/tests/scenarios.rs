@@ -938,7 +938,7 @@ async fn s7_many_pods_churn() -> Result<()> {
     let rounds: usize = std::env::var("E2E_S7_ROUNDS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3);
+        .unwrap_or(5);
     let pods_per_round = 100;
     let whole_per_round = 16;
     for n in ["s7-gpu-1", "s7-gpu-2"] {
