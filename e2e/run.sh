@@ -72,7 +72,7 @@ finish() {
     keep="$LOGS_ROOT/run-$(date +%Y%m%d-%H%M%S)"
     rm -rf "$WORK/etcd"
     mv "$WORK" "$keep"
-    echo "e2e FAILED (exit $STATUS); logs kept in $keep (logs/ control plane, nodes/*/plugin.log)"
+    echo "e2e FAILED (exit $STATUS); logs kept in $keep (scenarios.log, logs/ control plane, nodes/*/plugin.log)"
   fi
   echo "== e2e wall time $(( SECONDS - t0 ))s"
   exit "$STATUS"
@@ -92,7 +92,8 @@ if ! $UP_ONLY; then
   sstart=$SECONDS
   # One test binary, scenarios in order, one at a time: they share the cluster and the 2 cores.
   # shellcheck disable=SC2086
-  cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --test scenarios -- --test-threads=1 --nocapture ${FILTER:+"$FILTER"}
+  cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --test scenarios -- --test-threads=1 --nocapture ${FILTER:+"$FILTER"} \
+    2>&1 | tee "$WORK/scenarios.log"
   echo "== scenarios took $(( SECONDS - sstart ))s"
 fi
 STATUS=0

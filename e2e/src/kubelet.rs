@@ -781,3 +781,64 @@ impl Inner {
         self.violation(format!("could not delete pod {}", pod.name_any()));
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(v: serde_json::Value) -> Pod {
+        serde_json::from_value(v).unwrap()
+    }
+
+    #[test]
+    fn claim_names_resolve_direct_template_and_extended() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p", "uid": "u"},
+            "spec": {
+                "containers": [{"name": "c"}],
+                "resourceClaims": [
+                    {"name": "a", "resourceClaimName": "shared"},
+                    {"name": "b", "resourceClaimTemplateName": "t"},
+                    {"name": "c", "resourceClaimTemplateName": "t"},
+                ],
+            },
+            "status": {
+                "resourceClaimStatuses": [{"name": "b", "resourceClaimName": "p-b-xyz"}, {"name": "c"}],
+                "extendedResourceClaimStatus": {"resourceClaimName": "p-ext", "requestMappings": []},
+            },
+        }));
+        let names = Inner::claim_names(&p).unwrap();
+        assert_eq!(
+            names,
+            vec![
+                ("shared".to_string(), false),
+                ("p-b-xyz".to_string(), true),
+                ("p-ext".to_string(), true)
+            ]
+        );
+    }
+
+    #[test]
+    fn template_claim_without_status_is_not_ready() {
+        let p = pod(serde_json::json!({
+            "metadata": {"name": "p"},
+            "spec": {"containers": [{"name": "c"}],
+                     "resourceClaims": [{"name": "b", "resourceClaimTemplateName": "t"}]},
+        }));
+        assert!(Inner::claim_names(&p).is_err());
+    }
+
+    #[test]
+    fn terminating_pods() {
+        let running =
+            pod(serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Running"}}));
+        let done =
+            pod(serde_json::json!({"metadata": {"name": "p"}, "status": {"phase": "Succeeded"}}));
+        let deleted = pod(
+            serde_json::json!({"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}}),
+        );
+        assert!(!is_terminating(&running));
+        assert!(is_terminating(&done));
+        assert!(is_terminating(&deleted));
+    }
+}
