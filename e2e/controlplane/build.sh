@@ -16,7 +16,13 @@ cri-streaming csi-translation-lib dynamic-resource-allocation endpointslice exte
 kube-controller-manager kube-proxy kube-scheduler kubectl kubelet metrics mount-utils pod-security-admission
 sample-apiserver sample-cli-plugin sample-controller streaming"
 
+command -v go >/dev/null || { echo "go not found: Go >= 1.26 is needed to build the control plane" >&2; exit 1; }
 mkdir -p "$BIN"
+# One build at a time per cache; a second caller waits and then finds the binaries cached.
+if command -v flock >/dev/null; then
+  exec 9>"$CACHE/.build.lock"
+  flock 9
+fi
 staging_version="v0.${K8S_VERSION#v1.}"
 
 have_k8s() {
@@ -31,7 +37,7 @@ have_etcd() {
 if have_k8s; then
   echo "control plane $K8S_VERSION: cached in $BIN"
 else
-  echo "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: ~15-25 min on 2 cores)"
+  echo "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: ~6-7 min on 2 cores, measured)"
   start=$(date +%s)
   mod="$CACHE/k8s-$K8S_VERSION"
   rm -rf "$mod" && mkdir -p "$mod" && cd "$mod"
