@@ -542,25 +542,26 @@ impl<'a> Run<'a> {
         for (i, s) in selectors.iter().enumerate() {
             let expr = s.cel.as_ref().map(|c| c.expression.as_str()).unwrap_or("");
             let prog = self.a.cel.get_or_compile(expr);
-            let who = match class {
+            let who = || match class {
                 Some(c) => format!("class {}", c.metadata.name.as_deref().unwrap_or("")),
                 None => format!("claim {}", claim_name(&self.claims[key.claim])),
             };
             let prog = match prog.as_ref() {
                 Ok(p) => p,
-                Err(e) => return Err(format!("{who}: selector #{i}: CEL compile error: {e}")),
+                Err(e) => return Err(format!("{}: selector #{i}: CEL compile error: {e}", who())),
             };
             let pool = &self.pools[d.pool];
             let (gslice, _) = pool.slices[d.slice];
             let dev_val = self.a.device_value(gslice, d.device);
-            let id = self.device_id(d);
             let r = dev_val.and_then(|v| prog.eval(&v));
             match r {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
                 Err(e) => {
+                    let id = self.device_id(d);
                     return Err(format!(
-                        "{who}: selector #{i} on device {}/{}/{}: CEL runtime error: {}",
+                        "{}: selector #{i} on device {}/{}/{}: CEL runtime error: {}",
+                        who(),
                         id.0,
                         id.1,
                         id.2,

@@ -1,0 +1,192 @@
+//! Simulator benchmarks, each side by side with the Go oracle (e2e/oracle, upstream
+//! k8s.io/dynamic-resource-allocation v0.37.2) in one run, printing the ratio:
+//! 1. CEL evaluations per second on a fixed selector set over simulated H100 devices;
+//! 2. one pod's allocation (the inference-gpu claim) over N nodes × 8 H100 GPUs with dynamic MIG
+//!    counters (default N = 5000), a fresh allocator per pod like one scheduling cycle.
+//!
+//! Usage: sim-bench [--nodes N] [--oracle PATH]   (builds the oracle with e2e/oracle/build.sh
+//! when --oracle is not given; set SIM_BENCH_NO_GO=1 to run the Rust side only)
+use dra_controller::sim::alloc::{AllocatedState, Allocator, SimNode};
+use dra_controller::sim::{cel, cli, input};
+use serde_json::json;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const SELECTORS: &[&str] = &[
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'gpu'",
+    "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'",
+    "device.attributes['gpu.nvidia.com'].?profile.orValue('') == '3g.40gb'",
+    "device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('40Gi')) >= 0",
+    "device.attributes['gpu.nvidia.com'].productName.lowerAscii().contains('h100')",
+    "cel.bind(g, device.attributes['gpu.nvidia.com'], g.cudaComputeCapability.isGreaterThan(semver('8.0.0')) && g.driverVersion.major() >= 500)",
+];
+
+fn oracle(arg: Option<String>) -> Option<PathBuf> {
+    if std::env::var("SIM_BENCH_NO_GO").is_ok() {
+        return None;
+    }
+    if let Some(p) = arg {
+        return Some(PathBuf::from(p));
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = root.join("target/sim-bench-oracle");
+    let ok = Command::new("bash")
+        .arg(root.join("e2e/oracle/build.sh"))
+        .arg(&out)
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false);
+    if !ok {
+        eprintln!(
+            "sim-bench: could not build the Go oracle (is `go` installed?); Rust figures only"
+        );
+        return None;
+    }
+    Some(out)
+}
+
+fn run_go(bin: &PathBuf, mode: &str, cases: &serde_json::Value) -> serde_json::Value {
+    let mut child = Command::new(bin)
+        .arg(mode)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("start oracle");
+    {
+        let mut stdin = child.stdin.take().expect("stdin");
+        serde_json::to_writer(&mut stdin, cases).expect("write cases");
+        stdin.flush().expect("flush");
+    }
+    let out = child.wait_with_output().expect("oracle");
+    assert!(out.status.success(), "oracle {mode} failed");
+    serde_json::from_slice(&out.stdout).expect("oracle JSON")
+}
+
+fn main() -> anyhow::Result<()> {
+    let mut nodes = 5000usize;
+    let mut oracle_arg = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--nodes" => nodes = args.next().expect("--nodes N").parse()?,
+            "--oracle" => oracle_arg = args.next(),
+            other => anyhow::bail!("unknown argument {other}"),
+        }
+    }
+    let go = oracle(oracle_arg);
+
+    // 1. CEL
+    let slices =
+        gpu_dra_api::slices::simulated_node_slices("bench-node", &["h100-80gb:8"], None, true)
+            .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let devices: Vec<_> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten().map(move |d| (s, d)))
+        .take(64)
+        .collect();
+    let progs: Vec<_> = SELECTORS
+        .iter()
+        .map(|s| cel::compile(s).expect("selector compiles"))
+        .collect();
+    let mut evals = Vec::new();
+    let mut pairs = Vec::new();
+    for (s, d) in &devices {
+        let v = cel::device_value(
+            &s.spec.driver,
+            d.attributes.as_ref(),
+            d.capacity.as_ref(),
+            false,
+        )
+        .map_err(|e| anyhow::anyhow!(e))?;
+        for (i, sel) in SELECTORS.iter().enumerate() {
+            pairs.push((i, v.clone()));
+            evals.push(json!({"expression": sel, "device": {"Driver": s.spec.driver, "Attributes": d.attributes, "Capacity": d.capacity}}));
+        }
+    }
+    let mut n = 0u64;
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(2) {
+        for (i, v) in &pairs {
+            let _ = std::hint::black_box(progs[*i].eval(v));
+            n += 1;
+        }
+    }
+    let rust_cel = n as f64 / start.elapsed().as_secs_f64();
+    println!(
+        "cel: rust {:.0} evals/s ({} selectors x {} devices)",
+        rust_cel,
+        SELECTORS.len(),
+        devices.len()
+    );
+    if let Some(bin) = &go {
+        let r = run_go(bin, "bench-cel", &json!([{"evals": evals}]));
+        let go_cel = r["per_sec"].as_f64().unwrap_or(0.0);
+        println!(
+            "cel: go   {:.0} evals/s; ratio rust/go = {:.2}x (goal >= 2x)",
+            go_cel,
+            rust_cel / go_cel
+        );
+    }
+
+    // 2. allocation over N nodes
+    let mut classes = input::Objects::default();
+    for (name, text) in cli::EMBEDDED_CLASSES {
+        input::load_str(name, text, &mut classes)?;
+    }
+    let mut claims = input::Objects::default();
+    input::load_str(
+        "inference-gpu.yaml",
+        include_str!("../../../examples/claims/inference-gpu.yaml"),
+        &mut claims,
+    )?;
+    let mut all_slices = Vec::new();
+    for i in 0..nodes {
+        all_slices.extend(
+            gpu_dra_api::slices::simulated_node_slices(
+                &format!("node-{i:05}"),
+                &["h100-80gb:8"],
+                None,
+                true,
+            )
+            .map_err(|e| anyhow::anyhow!("{e}"))?,
+        );
+    }
+    let node_objs: Vec<SimNode> = (0..nodes)
+        .map(|i| SimNode {
+            name: format!("node-{i:05}"),
+            labels: Default::default(),
+        })
+        .collect();
+    let mut iters = 0u32;
+    let mut fits = 0;
+    let start = Instant::now();
+    while iters == 0 || start.elapsed() < Duration::from_secs(3) {
+        let a = Allocator::new(&classes.classes, &all_slices, AllocatedState::default());
+        fits = 0;
+        for n in &node_objs {
+            if let Ok(Some(_)) = a.allocate(n, &claims.claims) {
+                fits += 1;
+            }
+        }
+        iters += 1;
+    }
+    let rust_pod = start.elapsed().as_secs_f64() / iters as f64;
+    println!(
+        "alloc: rust {:.3} s per pod over {} nodes x 8 H100 (dynamic MIG), {} nodes fit",
+        rust_pod, nodes, fits
+    );
+    if let Some(bin) = &go {
+        let case = json!([{"classes": classes.classes, "slices": all_slices, "claims": claims.claims, "allocated": []}]);
+        let r = run_go(bin, "bench-alloc", &case);
+        let go_pod = r["seconds_per_pod"].as_f64().unwrap_or(0.0);
+        println!(
+            "alloc: go   {:.3} s per pod ({} nodes fit); ratio go/rust = {:.2}x (goal >= 10x)",
+            go_pod,
+            r["fits"],
+            go_pod / rust_pod
+        );
+    }
+    Ok(())
+}
