@@ -174,7 +174,7 @@ async fn prepare_and_unprepare_over_v1() {
     let spec = dir.path().join("cdi/k8s.gpu.nvidia.com-claim_uid-1.json");
     let text = std::fs::read_to_string(&spec).unwrap();
     assert!(
-        text.contains("\"name\": \"uid-1-gpu-1\"")
+        text.contains("\"name\":\"uid-1-gpu-1\"")
             && text.contains("/dev/nvidia1")
             && text.contains("NVIDIA_VISIBLE_DEVICES=GPU-"),
         "{text}"

@@ -170,7 +170,7 @@ impl CdiStore {
         std::fs::create_dir_all(&self.root)
             .map_err(|e| Error::io("creating the CDI root", &self.root, e))?;
         let path = self.spec_path(claim_uid);
-        let data = serde_json::to_vec_pretty(spec).expect("CDI spec serializes");
+        let data = serde_json::to_vec(spec).expect("CDI spec serializes");
         write_atomic(&path, &data).map_err(|e| Error::io("writing the CDI spec", &path, e))
     }
 

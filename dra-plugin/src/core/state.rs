@@ -154,20 +154,34 @@ impl DeviceState {
                 .collect(),
             unknown: Default::default(),
         };
-        let started = record.clone();
-        self.checkpoint
-            .update(|c| c.insert(claim.uid.clone(), started))
-            .await?;
-
+        // Only claims that change hardware need the first phase: anything else leaves at most a
+        // CDI spec behind, which startup sweeps away.
+        if !record.hardware.is_empty() {
+            let started = record.clone();
+            self.checkpoint
+                .update(|c| c.insert(claim.uid.clone(), started))
+                .await?;
+        }
         let mut created = Vec::new();
-        match self.apply(claim, &planned, &prepared, &mut created).await {
-            Ok(()) => {
-                record.state = ClaimState::PrepareCompleted;
+        let result = async {
+            let edits = self.create(claim, &planned, &mut created).await?;
+            let spec = CdiStore::build_spec(&claim.uid, &claim.key(), &edits, &prepared);
+            record.state = ClaimState::PrepareCompleted;
+            let cdi = self.cdi.clone();
+            let uid = claim.uid.clone();
+            // The spec and the completed record go to disk together; a crash between the two
+            // is repaired at startup (`repair_cdi`).
+            let (written, recorded) = tokio::join!(
+                tokio::task::spawn_blocking(move || cdi.write(&uid, &spec)),
                 self.checkpoint
-                    .update(|c| c.insert(claim.uid.clone(), record))
-                    .await?;
-                Ok(prepared)
-            }
+                    .update(|c| c.insert(claim.uid.clone(), record)),
+            );
+            written.map_err(|e| Error::Device(format!("CDI write task: {e}")))??;
+            recorded
+        }
+        .await;
+        match result {
+            Ok(_) => Ok(prepared),
             Err(e) => {
                 warn!(claim = %claim.key(), error = %e, "prepare failed; rolling back");
                 // Only what this attempt created: a placement that failed may belong to someone else.
@@ -351,22 +365,17 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Creates dynamic MIG devices and writes the CDI spec.
-    async fn apply(
+    /// Creates dynamic MIG devices; returns what each device's container needs.
+    async fn create(
         &self,
         claim: &ClaimRef,
         planned: &[Planned],
-        prepared: &[PreparedDevice],
         created: &mut Vec<HardwareChange>,
-    ) -> Result<(), Error> {
+    ) -> Result<Vec<DeviceEdits>, Error> {
         let mut edits = Vec::with_capacity(planned.len());
         for p in planned {
             let e = match &p.target {
-                Target::Gpu(gpu) => DeviceEdits {
-                    device_name: p.alloc.device.clone(),
-                    uuid: gpu.uuid.clone(),
-                    device_nodes: vec![format!("/dev/nvidia{}", gpu.minor)],
-                },
+                Target::Gpu(gpu) => gpu_edits(&p.alloc.device, gpu),
                 Target::StaticMig(gpu, mig) => mig_edits(&p.alloc.device, gpu, mig),
                 Target::DynamicMig(gpu, profile, start) => {
                     let backend = self.backend.clone();
@@ -386,12 +395,51 @@ impl DeviceState {
             };
             edits.push(e);
         }
-        let spec = CdiStore::build_spec(&claim.uid, &claim.key(), &edits, prepared);
-        let cdi = self.cdi.clone();
-        let uid = claim.uid.clone();
-        tokio::task::spawn_blocking(move || cdi.write(&uid, &spec))
+        Ok(edits)
+    }
+
+    /// Startup consistency between checkpoint and CDI specs: completed claims get their spec back
+    /// if a crash came between the two writes; specs no record owns are removed. Returns the
+    /// number of specs rewritten and removed.
+    pub async fn repair_cdi(&self) -> Result<(usize, usize), Error> {
+        let claims = self.checkpoint.claims();
+        let backend = self.backend.clone();
+        let live = tokio::task::spawn_blocking(move || backend.discover())
             .await
-            .map_err(|e| Error::Device(format!("CDI write task: {e}")))?
+            .map_err(|e| Error::Device(format!("discovery task: {e}")))??;
+        let mut rewritten = 0;
+        for (uid, r) in claims
+            .iter()
+            .filter(|(_, r)| r.state == ClaimState::PrepareCompleted)
+        {
+            if self.cdi.read(uid)?.is_some() {
+                continue;
+            }
+            let edits: Option<Vec<DeviceEdits>> = r
+                .devices
+                .iter()
+                .map(|d| existing_edits(&live, &d.device_name))
+                .collect();
+            let key = format!("{}/{}", r.namespace, r.name);
+            match edits {
+                Some(edits) => {
+                    self.cdi
+                        .write(uid, &CdiStore::build_spec(uid, &key, &edits, &r.devices))?;
+                    rewritten += 1;
+                }
+                None => {
+                    warn!(claim = %key, "a prepared claim's devices are gone; its CDI spec cannot be rebuilt")
+                }
+            }
+        }
+        let mut removed = 0;
+        for uid in self.cdi.claim_uids() {
+            if !claims.contains_key(&uid) {
+                self.cdi.remove(&uid)?;
+                removed += 1;
+            }
+        }
+        Ok((rewritten, removed))
     }
 
     /// After the checkpoint was lost: adopt claims whose CDI spec survived, so they stay prepared.
@@ -434,6 +482,35 @@ impl DeviceState {
             adopted.push(claim);
         }
         Ok(adopted)
+    }
+}
+
+fn gpu_edits(device: &str, gpu: &Gpu) -> DeviceEdits {
+    DeviceEdits {
+        device_name: device.to_string(),
+        uuid: gpu.uuid.clone(),
+        device_nodes: vec![format!("/dev/nvidia{}", gpu.minor)],
+    }
+}
+
+/// Edits for a device that exists right now (a whole GPU or a live MIG device).
+fn existing_edits(inv: &Inventory, device: &str) -> Option<DeviceEdits> {
+    match parse_device_name(device)? {
+        DeviceRef::Gpu { minor } => Some(gpu_edits(device, inv.gpu_by_minor(minor)?)),
+        DeviceRef::Mig {
+            parent_minor,
+            gi_profile_id,
+            start,
+        } => {
+            let gpu = inv.gpu_by_minor(parent_minor)?;
+            let mig = gpu
+                .mig
+                .as_ref()?
+                .devices
+                .iter()
+                .find(|m| m.gi_profile_id == gi_profile_id && m.placement_start == start)?;
+            Some(mig_edits(device, gpu, mig))
+        }
     }
 }
 

@@ -342,3 +342,57 @@ async fn claims_survive_a_lost_checkpoint_through_their_cdi_specs() {
         prepared
     );
 }
+
+#[tokio::test]
+async fn startup_repairs_missing_specs_and_sweeps_orphans() {
+    let f = fixture("h100-80gb:2", None, "DynamicMIG=true");
+    let whole = f
+        .state
+        .prepare(&claim("u1", &[("gpu", "gpu-1")]))
+        .await
+        .unwrap();
+    f.state
+        .prepare(&claim("u2", &[("gpu", "gpu-0-mig-3g40gb-9-0")]))
+        .await
+        .unwrap();
+    let before_u2 = f.cdi.read("u2").unwrap().unwrap();
+    // A crash between the spec write and the record (or a wiped /var/run/cdi) loses specs...
+    f.cdi.remove("u1").unwrap();
+    f.cdi.remove("u2").unwrap();
+    // ...and one of an unfinished prepare without hardware changes is left without a record.
+    f.cdi
+        .write("orphan", &CdiStore::build_spec("orphan", "ns/o", &[], &[]))
+        .unwrap();
+    assert_eq!(f.state.repair_cdi().await.unwrap(), (2, 1));
+    let u1 = f.cdi.read("u1").unwrap().unwrap();
+    assert_eq!(u1.devices[0].name, "u1-gpu-1");
+    assert_eq!(
+        serde_json::from_str::<Vec<PreparedDevice>>(
+            &u1.annotations[crate::core::cdi::ANNOTATION_DEVICES]
+        )
+        .unwrap(),
+        whole
+    );
+    assert_eq!(
+        f.cdi.read("u2").unwrap().unwrap(),
+        before_u2,
+        "the MIG device's spec comes back identical"
+    );
+    assert_eq!(f.cdi.claim_uids(), ["u1", "u2"]);
+}
+
+#[tokio::test]
+async fn only_claims_that_change_hardware_record_changes_to_undo() {
+    let f = fixture("h100-80gb:1", None, "DynamicMIG=true");
+    f.state
+        .prepare(&claim("u1", &[("gpu", "gpu-0-mig-1g10gb-19-0")]))
+        .await
+        .unwrap();
+    assert_eq!(f.state.checkpoint().get("u1").unwrap().hardware.len(), 1);
+    let g = fixture("h100-80gb:1", None, "");
+    g.state
+        .prepare(&claim("u1", &[("gpu", "gpu-0")]))
+        .await
+        .unwrap();
+    assert!(g.state.checkpoint().get("u1").unwrap().hardware.is_empty());
+}

@@ -1,0 +1,221 @@
+//! Prepare/unprepare latency over the real DRA socket, and the plugin's peak memory.
+//!
+//! Starts `dra-plugin run` (simulated backend, offline claims, real fsync'd checkpoint and CDI
+//! writes) as a child process, drives N concurrent claims through R prepare/unprepare rounds each,
+//! and prints p50/p99 per call and the child's peak RSS (VmHWM). Figures, not assertions.
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use dra_plugin::grpc::client::{get_info, unix_channel};
+use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
+
+struct Run {
+    label: &'static str,
+    profiles: &'static [&'static str],
+    layout: &'static str,
+    /// Device names, one per concurrent claim.
+    devices: Vec<String>,
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
+}
+
+fn peak_rss_kib(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
+    let name = format!("bench-{i}");
+    let uid = format!("00000000-0000-0000-0000-{i:012}");
+    let obj = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "bench", "uid": uid},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "bench-node", "device": device}]}}}
+    });
+    std::fs::write(dir.join(format!("bench_{name}.json")), obj.to_string()).unwrap();
+    v1::Claim {
+        namespace: "bench".into(),
+        uid,
+        name,
+    }
+}
+
+async fn bench(run: Run, rounds: usize) {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let claims_dir = dir.join("claims");
+    std::fs::create_dir_all(&claims_dir).unwrap();
+    std::fs::write(dir.join("boot_id"), "bench\n").unwrap();
+    let claims: Vec<v1::Claim> = run
+        .devices
+        .iter()
+        .enumerate()
+        .map(|(i, d)| write_claim(&claims_dir, i, d))
+        .collect();
+
+    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"));
+    cmd.args([
+        "run",
+        "--backend",
+        "simulated",
+        "--node-name",
+        "bench-node",
+        "--metrics-port",
+        "0",
+        "--healthcheck-port",
+        "0",
+        "--mig-layout",
+        run.layout,
+    ]);
+    for p in run.profiles {
+        cmd.args(["--profile", p]);
+    }
+    let arg = |p: PathBuf| p.to_string_lossy().into_owned();
+    cmd.args([
+        "--registrar-dir",
+        &arg(dir.join("registry")),
+        "--plugin-dir",
+        &arg(dir.join("plugin")),
+        "--cdi-root",
+        &arg(dir.join("cdi")),
+    ]);
+    cmd.args([
+        "--offline-claims-dir",
+        &arg(claims_dir),
+        "--boot-id-file",
+        &arg(dir.join("boot_id")),
+    ]);
+    cmd.env("RUST_LOG", "warn");
+    let mut child = cmd.spawn().expect("start dra-plugin");
+    let reg = dir.join("registry/gpu.nvidia.com-reg.sock");
+    let started = Instant::now();
+    while get_info(&reg).await.is_err() {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "plugin did not come up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let sock = dir.join("plugin/dra.sock");
+    let wall = Instant::now();
+    let tasks: Vec<_> = claims
+        .into_iter()
+        .map(|c| {
+            let sock = sock.clone();
+            tokio::spawn(async move {
+                let mut client = DraPluginClient::new(unix_channel(&sock).await.unwrap());
+                let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+                for _ in 0..rounds {
+                    let t = Instant::now();
+                    let r = client
+                        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+                            claims: vec![c.clone()],
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    prep.push(t.elapsed());
+                    assert_eq!(r.claims[&c.uid].error, "", "prepare failed");
+                    let t = Instant::now();
+                    let r = client
+                        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+                            claims: vec![c.clone()],
+                        })
+                        .await
+                        .unwrap()
+                        .into_inner();
+                    unprep.push(t.elapsed());
+                    assert_eq!(r.claims[&c.uid].error, "", "unprepare failed");
+                }
+                (prep, unprep)
+            })
+        })
+        .collect();
+    let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (p, u) = t.await.unwrap();
+        prep.extend(p);
+        unprep.extend(u);
+    }
+    let wall = wall.elapsed();
+    prep.sort();
+    unprep.sort();
+    let rss = peak_rss_kib(child.id());
+    let _ = std::process::Command::new("kill")
+        .arg("-TERM")
+        .arg(child.id().to_string())
+        .status();
+    let _ = child.wait();
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!(
+        "{:<44} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  peak RSS={:.1} MiB",
+        run.label,
+        run.devices.len(),
+        prep.len(),
+        ms(percentile(&prep, 0.5)),
+        ms(percentile(&prep, 0.99)),
+        ms(percentile(&unprep, 0.5)),
+        ms(percentile(&unprep, 0.99)),
+        prep.len() as f64 / wall.as_secs_f64(),
+        rss as f64 / 1024.0
+    );
+}
+
+fn mig_devices(gpus: u32) -> Vec<String> {
+    (0..gpus)
+        .flat_map(|g| (0..7).map(move |s| format!("gpu-{g}-mig-1g10gb-19-{s}")))
+        .collect()
+}
+
+fn main() {
+    // `cargo bench` passes --bench; allow a quick mode for CI smoke runs.
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        bench(
+            Run {
+                label: "8x H100 80GB, whole GPUs",
+                profiles: &["h100-80gb:8"],
+                layout: "disabled",
+                devices: (0..8).map(|g| format!("gpu-{g}")).collect(),
+            },
+            rounds,
+        )
+        .await;
+        bench(
+            Run {
+                label: "8x H100 80GB, all-1g.10gb (56 MIG devices)",
+                profiles: &["h100-80gb:8"],
+                layout: "all-1g.10gb",
+                devices: mig_devices(8),
+            },
+            rounds,
+        )
+        .await;
+        let mut devices = mig_devices(8);
+        devices.extend((8..16).map(|g| format!("gpu-{g}")));
+        bench(
+            Run {
+                label: "8x H100 all-1g.10gb + 8x L4 (64 devices)",
+                profiles: &["h100-80gb:8", "l4:8"],
+                layout: "all-1g.10gb",
+                devices,
+            },
+            rounds,
+        )
+        .await;
+    });
+}
