@@ -165,7 +165,7 @@ fn atom(r: &mut Rng) -> String {
             "device.attributes[\"{DRV}\"].exists(k, k.startsWith(\"{}\"))",
             r.pick(&["c", "m", "z"])
         ),
-        14 => format!("device.attributes.all(d, d.contains(\".\"))"),
+        14 => "device.attributes.all(d, d.contains(\".\"))".to_string(),
         15 => format!("device.driver == \"{}\"", r.pick(&[DRV, "other"])),
         16 => format!("[1, 2, 3].exists(i, i == {})", r.n(5)),
         17 => format!("{a} + 1 > 2"),

@@ -790,10 +790,10 @@ impl<'a> Run<'a> {
                     if !sel.map_err(Stop::Err)? {
                         continue;
                     }
-                    if let Some(c) = cap {
-                        if !c.map_err(Stop::Err)? {
-                            continue;
-                        }
+                    if let Some(c) = cap
+                        && !c.map_err(Stop::Err)?
+                    {
+                        continue;
                     }
                     let (ok, undo) = self.allocate_device(r, key, d, false).map_err(Stop::Err)?;
                     if !ok {
@@ -960,12 +960,11 @@ impl<'a> Run<'a> {
                 self.allocating_capacity.remove(&d);
             }
         }
-        if u.marked {
-            if let Some(v) = self.allocating.get_mut(&d) {
-                if let Some(pos) = v.iter().position(|c| *c == r.claim) {
-                    v.remove(pos);
-                }
-            }
+        if u.marked
+            && let Some(v) = self.allocating.get_mut(&d)
+            && let Some(pos) = v.iter().position(|c| *c == r.claim)
+        {
+            v.remove(pos);
         }
         let (base, sub) = {
             let rd = &self.req_data[&key];
@@ -1245,11 +1244,11 @@ impl<'a> Run<'a> {
                     }],
                 });
             }
-            if let Some(ns) = ns {
-                if let Some(t) = ns.node_selector_terms.first() {
-                    add_reqs(t.match_fields.as_deref(), &mut term.match_fields);
-                    add_reqs(t.match_expressions.as_deref(), &mut term.match_expressions);
-                }
+            if let Some(ns) = ns
+                && let Some(t) = ns.node_selector_terms.first()
+            {
+                add_reqs(t.match_fields.as_deref(), &mut term.match_fields);
+                add_reqs(t.match_expressions.as_deref(), &mut term.match_expressions);
             }
         }
         if term.match_fields.as_ref().is_some_and(|v| !v.is_empty())
@@ -1522,16 +1521,16 @@ pub mod capacity {
         let Some(p) = &cap.request_policy else {
             return Ok(false);
         };
-        if let Some(d) = &p.default {
-            if q(d)? == *v {
-                return Ok(false);
-            }
+        if let Some(d) = &p.default
+            && q(d)? == *v
+        {
+            return Ok(false);
         }
         if let Some(r) = &p.valid_range {
-            if let Some(max) = &r.max {
-                if v.cmp_q(&q(max)?) == std::cmp::Ordering::Greater {
-                    return Ok(true);
-                }
+            if let Some(max) = &r.max
+                && v.cmp_q(&q(max)?) == std::cmp::Ordering::Greater
+            {
+                return Ok(true);
             }
             if let Some(step) = &r.step {
                 let step = q(step)?;
@@ -1547,15 +1546,15 @@ pub mod capacity {
             }
             return Ok(false);
         }
-        if let Some(vals) = &p.valid_values {
-            if !vals.is_empty() {
-                for x in vals {
-                    if v.cmp_q(&q(x)?) == std::cmp::Ordering::Equal {
-                        return Ok(false);
-                    }
+        if let Some(vals) = &p.valid_values
+            && !vals.is_empty()
+        {
+            for x in vals {
+                if v.cmp_q(&q(x)?) == std::cmp::Ordering::Equal {
+                    return Ok(false);
                 }
-                return Ok(true);
             }
+            return Ok(true);
         }
         Ok(false)
     }
@@ -1569,10 +1568,10 @@ pub mod capacity {
         let empty = BTreeMap::new();
         let caps = caps.unwrap_or(&empty);
         let reqs = request.and_then(|r| r.requests.as_ref());
-        if let Some(reqs) = reqs {
-            if reqs.keys().any(|k| !caps.contains_key(k)) {
-                return Ok(false);
-            }
+        if let Some(reqs) = reqs
+            && reqs.keys().any(|k| !caps.contains_key(k))
+        {
+            return Ok(false);
         }
         let mut consumed = BTreeMap::new();
         for (name, cap) in caps {

@@ -267,18 +267,18 @@ fn build_pool<'a>(
             device_slices.push(i);
         }
     }
-    if let Some(afp) = &all_for_pool {
-        if slices.len() < afp.len() {
-            let names: HashSet<&str> = slices.iter().map(|i| name(&all[*i])).collect();
-            for &j in afp {
-                if names.contains(name(&all[j])) {
-                    continue;
-                }
-                if has_counters(j) {
-                    counter_slices.push(j);
-                } else {
-                    not_targeting.push(j);
-                }
+    if let Some(afp) = &all_for_pool
+        && slices.len() < afp.len()
+    {
+        let names: HashSet<&str> = slices.iter().map(|i| name(&all[*i])).collect();
+        for &j in afp {
+            if names.contains(name(&all[j])) {
+                continue;
+            }
+            if has_counters(j) {
+                counter_slices.push(j);
+            } else {
+                not_targeting.push(j);
             }
         }
     }

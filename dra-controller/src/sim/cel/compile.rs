@@ -486,18 +486,18 @@ impl<'a> Compiler<'a> {
         // namespaced globals: target is a plain identifier naming a namespace, not a variable
         let mut global = fname.to_string();
         let mut target = call.target.as_deref();
-        if let Some(t) = target {
-            if let Expr::Ident(ns) = &t.expr {
-                let is_var = ns == "device" || self.scopes.iter().any(|(n, _, _)| n == ns);
-                if !is_var
-                    && matches!(
-                        ns.as_str(),
-                        "cel" | "sets" | "lists" | "optional" | "strings" | "math"
-                    )
-                {
-                    global = format!("{ns}.{fname}");
-                    target = None;
-                }
+        if let Some(t) = target
+            && let Expr::Ident(ns) = &t.expr
+        {
+            let is_var = ns == "device" || self.scopes.iter().any(|(n, _, _)| n == ns);
+            if !is_var
+                && matches!(
+                    ns.as_str(),
+                    "cel" | "sets" | "lists" | "optional" | "strings" | "math"
+                )
+            {
+                global = format!("{ns}.{fname}");
+                target = None;
             }
         }
         if global == "cel.bind" && call.args.len() == 3 {
@@ -521,10 +521,11 @@ impl<'a> Compiler<'a> {
                 bt,
             ));
         }
-        if let Some(t) = target {
-            if call.args.len() == 3 && matches!(fname, "all" | "exists" | "existsOne") {
-                return self.macro3(id, fname, t, &call.args);
-            }
+        if let Some(t) = target
+            && call.args.len() == 3
+            && matches!(fname, "all" | "exists" | "existsOne")
+        {
+            return self.macro3(id, fname, t, &call.args);
         }
         match fname {
             "_&&_" | "_||_" => {
@@ -603,34 +604,30 @@ impl<'a> Compiler<'a> {
         if let (Some(t), true) = (
             target,
             matches!(fname, "matches" | "find" | "findAll") && call.args.len() == 1,
-        ) {
-            if let Expr::Literal(LiteralValue::String(p)) = &call.args[0].expr {
-                let re = regex::Regex::new(p.inner()).map_err(|e| {
-                    self.err(call.args[0].id, format!("invalid matches argument: {e}"))
-                })?;
-                let (tn, tt) = self.compile(t)?;
-                if !Ty::Str.accepts(&tt) {
-                    return Err(self.err(
-                        id,
-                        format!(
-                            "found no matching overload for '{fname}' applied to '{tt}.(string)'"
-                        ),
-                    ));
-                }
-                let (func, rt) = match fname {
-                    "matches" => (Func::Matches, Ty::Bool),
-                    "find" => (Func::Find, Ty::Str),
-                    _ => (Func::FindAll, Ty::list(Ty::Str)),
-                };
-                return Ok((
-                    Node::RegexCall {
-                        func,
-                        target: Box::new(tn),
-                        re: Arc::new(re),
-                    },
-                    rt,
+        ) && let Expr::Literal(LiteralValue::String(p)) = &call.args[0].expr
+        {
+            let re = regex::Regex::new(p.inner())
+                .map_err(|e| self.err(call.args[0].id, format!("invalid matches argument: {e}")))?;
+            let (tn, tt) = self.compile(t)?;
+            if !Ty::Str.accepts(&tt) {
+                return Err(self.err(
+                    id,
+                    format!("found no matching overload for '{fname}' applied to '{tt}.(string)'"),
                 ));
             }
+            let (func, rt) = match fname {
+                "matches" => (Func::Matches, Ty::Bool),
+                "find" => (Func::Find, Ty::Str),
+                _ => (Func::FindAll, Ty::list(Ty::Str)),
+            };
+            return Ok((
+                Node::RegexCall {
+                    func,
+                    target: Box::new(tn),
+                    re: Arc::new(re),
+                },
+                rt,
+            ));
         }
         let mut nodes = Vec::new();
         let mut tys = Vec::new();
@@ -728,7 +725,7 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             let u = t[0].unify(&t[1]).ok_or(None)?;
             match &u {
                 Int | Uint | Double | Str | Bytes | List(_) | Dyn => ok!(F::Add, u),
-                _ => return Err(None),
+                _ => Err(None),
             }
         }
         ("_-_" | "_*_" | "_/_", false, 2) => {

@@ -443,7 +443,7 @@ impl Ctx<'_> {
                 Str(s) => match s.as_ref() {
                     "1" | "t" | "T" | "true" | "TRUE" | "True" => b(true),
                     "0" | "f" | "F" | "false" | "FALSE" | "False" => b(false),
-                    _ => Err(format!("type conversion error from 'string' to 'bool'")),
+                    _ => Err("type conversion error from 'string' to 'bool'".to_string()),
                 },
                 _ => no_overload(),
             },
@@ -759,9 +759,9 @@ impl Ctx<'_> {
                 };
                 let n = l.len() as i64;
                 if *s < 0 || *e < 0 {
-                    return Err(format!(
-                        "cannot slice(start, end), negative indexes not supported"
-                    ));
+                    return Err(
+                        "cannot slice(start, end), negative indexes not supported".to_string()
+                    );
                 }
                 if s > e {
                     return Err(format!(
@@ -970,8 +970,7 @@ fn select(v: &Value, field: &Value, test: bool) -> EvalResult {
         _ => Err(format!(
             "type '{}' does not support field selection",
             v.type_name()
-        ))
-        .and_then(|e: String| if test { Err(e) } else { Err(e) }),
+        )),
     }
 }
 

@@ -93,10 +93,10 @@ impl MapVal {
     pub fn get(&self, key: &Value) -> Option<&Value> {
         if let Value::Str(k) = key {
             for (ek, ev) in &self.entries {
-                if let Value::Str(s) = ek {
-                    if s.as_ref() == k.as_ref() {
-                        return Some(ev);
-                    }
+                if let Value::Str(s) = ek
+                    && s.as_ref() == k.as_ref()
+                {
+                    return Some(ev);
                 }
             }
             return None;
