@@ -242,6 +242,20 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             }
         }
     }
+    let destroyed = state.destroy_unowned_mig().await?;
+    if destroyed > 0 {
+        info!(
+            destroyed,
+            "destroyed MIG devices that no prepared claim owns"
+        );
+    }
+    let (rewritten, removed) = state.repair_cdi().await?;
+    if rewritten + removed > 0 {
+        info!(
+            rewritten,
+            removed, "reconciled CDI specs with the checkpoint"
+        );
+    }
     metrics
         .prepared_devices
         .set(state.prepared_device_count() as i64);

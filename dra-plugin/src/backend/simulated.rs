@@ -89,6 +89,36 @@ impl DeviceBackend for SimulatedBackend {
                 clash.profile, clash.placement_start
             )));
         }
+        let same = mig
+            .devices
+            .iter()
+            .filter(|d| d.gi_profile_id == gi_profile_id)
+            .count() as u32;
+        if same >= profile.max_instances {
+            return Err(Error::Device(format!(
+                "insufficient resources: {} allows {} instances per GPU",
+                profile.name, profile.max_instances
+            )));
+        }
+        let used_compute: u32 = mig
+            .devices
+            .iter()
+            .filter_map(|d| {
+                mig.profiles
+                    .iter()
+                    .find(|p| p.gi_profile_id == d.gi_profile_id)
+            })
+            .map(|p| p.compute_slices)
+            .sum();
+        if used_compute + profile.compute_slices > mig.compute_slices {
+            return Err(Error::Device(format!(
+                "insufficient resources: {} needs {} compute slices, {} of {} are free",
+                profile.name,
+                profile.compute_slices,
+                mig.compute_slices - used_compute,
+                mig.compute_slices
+            )));
+        }
         let gi_id = (1..)
             .find(|id| !mig.devices.iter().any(|d| d.gi_id == *id))
             .expect("a free id");
@@ -122,6 +152,10 @@ impl DeviceBackend for SimulatedBackend {
             mig.devices.retain(|d| {
                 !(d.placement_start == placement_start && d.gi_profile_id == gi_profile_id)
             });
+            // Like Hopper+ under dynamic MIG: MIG mode goes off again with the last instance.
+            if mig.devices.is_empty() {
+                mig.enabled = false;
+            }
         }
         Ok(())
     }
@@ -163,6 +197,31 @@ mod tests {
                 .devices
                 .len(),
             1
+        );
+    }
+
+    #[test]
+    fn mig_create_enforces_instance_and_compute_limits_like_the_hardware() {
+        let b =
+            SimulatedBackend::new("n", &[GpuGroup::parse("h100-80gb:1").unwrap()], None).unwrap();
+        // 1g.10gb+me (GI profile 20) allows one instance per GPU.
+        b.create_mig(0, 20, 0).unwrap();
+        let e = b.create_mig(0, 20, 1).unwrap_err().to_string();
+        assert!(e.contains("allows 1 instances"), "{e}");
+        b.create_mig(0, 14, 2).unwrap(); // 2g.20gb: 3 of 7 compute slices used
+        b.create_mig(0, 9, 4).unwrap(); // 3g.40gb: 6 of 7
+        // 1g.10gb at 1 fits the memory slices but needs a 7th compute slice: fine; a second does not.
+        b.create_mig(0, 19, 1).unwrap();
+        b.destroy_mig(0, 19, 1).unwrap();
+        let inv = b.discover().unwrap();
+        assert!(inv.gpus[0].mig_enabled());
+        for d in inv.gpus[0].mig.as_ref().unwrap().devices.clone() {
+            b.destroy_mig(0, d.gi_profile_id, d.placement_start)
+                .unwrap();
+        }
+        assert!(
+            !b.discover().unwrap().gpus[0].mig_enabled(),
+            "MIG mode goes off with the last instance"
         );
     }
 }

@@ -398,6 +398,49 @@ impl DeviceState {
         Ok(edits)
     }
 
+    /// Startup under dynamic MIG: destroys MIG instances that no completed claim owns (leftovers
+    /// of a crash, or made out of band, which dynamic MIG does not allow). Returns how many.
+    pub async fn destroy_unowned_mig(&self) -> Result<usize, Error> {
+        if !self.gates.dynamic_mig() {
+            return Ok(0);
+        }
+        let owned: Vec<HardwareChange> = self
+            .checkpoint
+            .claims()
+            .values()
+            .filter(|r| r.state == ClaimState::PrepareCompleted)
+            .flat_map(|r| {
+                r.hardware
+                    .iter()
+                    .filter_map(|h| serde_json::from_value(h.clone()).ok())
+            })
+            .collect();
+        let backend = self.backend.clone();
+        let live = tokio::task::spawn_blocking(move || backend.discover())
+            .await
+            .map_err(|e| Error::Device(format!("discovery task: {e}")))??;
+        let stray: Vec<HardwareChange> = live
+            .gpus
+            .iter()
+            .flat_map(|g| {
+                g.mig
+                    .iter()
+                    .flat_map(move |m| m.devices.iter().map(move |d| (g.minor, d)))
+            })
+            .map(|(minor, d)| HardwareChange::DynamicMig {
+                parent_minor: minor,
+                gi_profile_id: d.gi_profile_id,
+                placement_start: d.placement_start,
+            })
+            .filter(|c| !owned.contains(c))
+            .collect();
+        for c in &stray {
+            warn!(change = ?c, "destroying a MIG device no prepared claim owns");
+        }
+        self.undo(&stray).await?;
+        Ok(stray.len())
+    }
+
     /// Startup consistency between checkpoint and CDI specs: completed claims get their spec back
     /// if a crash came between the two writes; specs no record owns are removed. Returns the
     /// number of specs rewritten and removed.

@@ -396,3 +396,63 @@ async fn only_claims_that_change_hardware_record_changes_to_undo() {
         .unwrap();
     assert!(g.state.checkpoint().get("u1").unwrap().hardware.is_empty());
 }
+
+#[tokio::test]
+async fn startup_destroys_mig_devices_no_completed_claim_owns() {
+    let f = fixture("h100-80gb:2", None, "DynamicMIG=true");
+    f.state
+        .prepare(&claim("u1", &[("gpu", "gpu-0-mig-3g40gb-9-0")]))
+        .await
+        .unwrap();
+    // Leftovers: a crash after create (recorded only as started) and an out-of-band instance.
+    f.backend.create_mig(0, 9, 4).unwrap();
+    f.backend.create_mig(1, 19, 3).unwrap();
+    let change = serde_json::to_value(HardwareChange::DynamicMig {
+        parent_minor: 0,
+        gi_profile_id: 9,
+        placement_start: 4,
+    })
+    .unwrap();
+    let started = ClaimRecord {
+        state: ClaimState::PrepareStarted,
+        namespace: "ns".into(),
+        name: "claim-u2".into(),
+        devices: vec![],
+        hardware: vec![change],
+        unknown: Default::default(),
+    };
+    f.state
+        .checkpoint()
+        .update(|c| c.insert("u2".into(), started))
+        .await
+        .unwrap();
+    assert_eq!(f.state.destroy_unowned_mig().await.unwrap(), 2);
+    let live = f.backend.discover().unwrap();
+    let left: Vec<_> = live
+        .gpus
+        .iter()
+        .flat_map(|g| {
+            g.mig
+                .as_ref()
+                .unwrap()
+                .devices
+                .iter()
+                .map(move |d| (g.minor, d.placement_start))
+        })
+        .collect();
+    assert_eq!(left, [(0, 0)], "only the completed claim's instance stays");
+    // The started claim prepares cleanly afterwards: nothing is created twice.
+    f.state
+        .prepare(&claim("u2", &[("gpu", "gpu-0-mig-3g40gb-9-4")]))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.backend.discover().unwrap().gpus[0]
+            .mig
+            .as_ref()
+            .unwrap()
+            .devices
+            .len(),
+        2
+    );
+}

@@ -1,0 +1,42 @@
+# One entry point per job. `make run` is the main job on an embedded default; `make test` runs every
+# test (unit, integration, real-control-plane e2e) and is what CI runs.
+SHELL := /bin/bash
+export GOTOOLCHAIN := local
+FILTER ?=
+
+.PHONY: run test unit e2e lint bench bench-plugin bench-sim slices build clean-e2e
+
+## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
+## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
+run:
+	cargo run -q -p dra-controller -- simulate examples/claims/inference-gpu.yaml
+
+build:
+	cargo build --workspace --all-targets
+
+## Every test: unit + integration (cargo), then the real control plane (e2e/run.sh).
+test: unit e2e
+
+unit:
+	cargo test --workspace
+
+## Real-control-plane scenarios; `make e2e FILTER=s3` runs one, `E2E_KEEP=1` keeps the cluster up.
+e2e:
+	bash e2e/run.sh $(FILTER)
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets -- -D warnings
+
+## Figures, not pass/fail: plugin prepare/unprepare latency + RSS, simulator vs the Go scheduler code.
+bench: bench-plugin bench-sim
+
+bench-plugin:
+	cargo bench -p dra-plugin --bench prepare
+
+bench-sim:
+	cargo run --release -p dra-controller --bin sim-bench -- --nodes 5000
+
+## What a simulated node publishes.
+slices:
+	cargo run -q -p dra-plugin -- slices --backend simulated --profile h100-80gb:8 --node-name node-1 --feature-gates DynamicMIG=true -o yaml
