@@ -1,27 +1,57 @@
-//! The kubelet-plugin DaemonSet: `gpus` and, when enabled, `compute-domains` containers, placed only on
-//! nodes the migration pool marked ready (`nvidia.com/gpu.deploy.dra-driver=true`).
+//! The kubelet-plugin DaemonSet running `dra-plugin run`, placed only on nodes the migration pool marked
+//! ready (`nvidia.com/gpu.deploy.dra-driver=true`).
 use k8s_openapi::api::apps::v1::DaemonSet;
 use serde_json::{Value, json};
 
 use super::{Target, container_env, liveness, typed};
 use crate::controller::error::Result;
-use crate::controller::labels::{COMPUTE_DOMAIN_DRIVER, DRA_DRIVER_LABEL, GPU_DRIVER};
+use crate::controller::labels::{DRA_DRIVER_LABEL, GPU_DRIVER};
 
 /// Name of the DaemonSet, its ServiceAccount and its RBAC objects.
 pub const PLUGIN: &str = "gpu-dra-kubelet-plugin";
 
-fn base_env(t: &Target<'_>, driver: &str, port: i32) -> Vec<Value> {
+/// Where the host's driver installation (`hostPaths.driverInstallDir`) appears inside the container. The
+/// plugin loads `libnvidia-ml.so.1` below `NVIDIA_DRIVER_ROOT` in its own filesystem view, so this is
+/// the value it gets: the host directory itself may be `/`, which cannot be mounted in place.
+pub const CONTAINER_DRIVER_ROOT: &str = "/driver-root";
+/// The plugin's `METRICS_PORT`; also the container's `metrics` port.
+pub const METRICS_PORT: i32 = 8080;
+/// Where per-claim CDI specs go, on the host and in the container alike (the runtime reads them there).
+pub const CDI_ROOT: &str = "/var/run/cdi";
+
+/// Host directories the plugin uses, all below `hostPaths.kubeletRootDir` and mounted at the same path
+/// (the kubelet dials the sockets at the paths the plugin reports).
+pub struct PluginPaths {
+    /// `REGISTRAR_DIR`: `<kubeletRootDir>/plugins_registry`.
+    pub registrar_dir: String,
+    /// `PLUGIN_DIR`: `<kubeletRootDir>/plugins/<driver>`.
+    pub plugin_dir: String,
+}
+
+impl PluginPaths {
+    pub fn new(t: &Target<'_>, driver: &str) -> Self {
+        let kubelet = t.spec.host_paths.kubelet_root().trim_end_matches('/');
+        Self {
+            registrar_dir: format!("{kubelet}/plugins_registry"),
+            plugin_dir: format!("{kubelet}/plugins/{driver}"),
+        }
+    }
+}
+
+/// The environment of `dra-plugin run` (see `dra-plugin/src/cli.rs`); KUBECONFIG stays unset, so the
+/// plugin uses its in-cluster ServiceAccount.
+fn base_env(t: &Target<'_>, driver: &str, paths: &PluginPaths, health_port: i32) -> Vec<Value> {
     vec![
-        json!({ "name": "DRIVER_NAME", "value": driver }),
         json!({ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "fieldPath": "spec.nodeName" } } }),
-        json!({ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } }),
-        json!({ "name": "POD_UID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.uid" } } }),
+        json!({ "name": "DRIVER_NAME", "value": driver }),
         json!({ "name": "FEATURE_GATES", "value": t.feature_gates() }),
-        json!({ "name": "HEALTHCHECK_PORT", "value": port.to_string() }),
-        json!({ "name": "KUBELET_ROOT_DIR", "value": t.spec.host_paths.kubelet_root() }),
-        json!({ "name": "DRIVER_ROOT", "value": "/driver-root" }),
-        json!({ "name": "CDI_ROOT", "value": "/var/run/cdi" }),
-        json!({ "name": "GPU_CLIQUE_LABEL_ENABLED", "value": "true" }),
+        json!({ "name": "DEVICE_BACKEND", "value": "nvml" }),
+        json!({ "name": "NVIDIA_DRIVER_ROOT", "value": CONTAINER_DRIVER_ROOT }),
+        json!({ "name": "REGISTRAR_DIR", "value": paths.registrar_dir }),
+        json!({ "name": "PLUGIN_DIR", "value": paths.plugin_dir }),
+        json!({ "name": "CDI_ROOT", "value": CDI_ROOT }),
+        json!({ "name": "METRICS_PORT", "value": METRICS_PORT.to_string() }),
+        json!({ "name": "HEALTHCHECK_PORT", "value": health_port.to_string() }),
     ]
 }
 
@@ -31,19 +61,27 @@ fn container(
     driver: &str,
     spec: &crate::controller::crd::KubeletPluginSpec,
 ) -> Value {
-    let kubelet = t.spec.host_paths.kubelet_root();
+    let paths = PluginPaths::new(t, driver);
+    // 0 turns the plugin's health server off, matching a probe-less container.
+    let health_port = if spec.healthcheck.enabled {
+        spec.healthcheck.port
+    } else {
+        0
+    };
     let mut c = json!({
         "name": name,
         "image": t.image(),
         "imagePullPolicy": t.pull_policy(),
         "command": ["dra-plugin"],
-        "env": container_env(base_env(t, driver, spec.healthcheck.port), &spec.env),
+        "args": ["run"],
+        "env": container_env(base_env(t, driver, &paths, health_port), &spec.env),
+        "ports": [{ "name": "metrics", "containerPort": METRICS_PORT }],
         "securityContext": { "privileged": true },
         "volumeMounts": [
-            { "name": "plugins-registry", "mountPath": format!("{kubelet}/plugins_registry") },
-            { "name": "plugins", "mountPath": format!("{kubelet}/plugins"), "mountPropagation": "Bidirectional" },
-            { "name": "cdi", "mountPath": "/var/run/cdi" },
-            { "name": "driver-root", "mountPath": "/driver-root", "readOnly": true, "mountPropagation": "HostToContainer" },
+            { "name": "plugins-registry", "mountPath": paths.registrar_dir },
+            { "name": "plugin-dir", "mountPath": paths.plugin_dir },
+            { "name": "cdi", "mountPath": CDI_ROOT },
+            { "name": "driver-root", "mountPath": CONTAINER_DRIVER_ROOT, "readOnly": true, "mountPropagation": "HostToContainer" },
         ],
     });
     if let Some(r) = &spec.resources {
@@ -55,24 +93,18 @@ fn container(
     c
 }
 
+/// The DaemonSet with one container, `gpus` (driver `gpu.nvidia.com`). `dra-plugin` has no
+/// compute-domain mode yet: started with `DRIVER_NAME=compute-domain.nvidia.com` it would publish the
+/// node's GPUs a second time under that driver, so `computeDomains.kubeletPlugin` renders no container.
 pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
     let ds = &t.spec.daemonsets;
-    let kubelet = t.spec.host_paths.kubelet_root();
-    let mut containers = vec![container(
+    let paths = PluginPaths::new(t, GPU_DRIVER);
+    let containers = vec![container(
         t,
         "gpus",
         GPU_DRIVER,
         &t.spec.dra_driver.gpus.kubelet_plugin,
     )];
-    let cd = &t.spec.dra_driver.compute_domains;
-    if cd.enabled {
-        containers.push(container(
-            t,
-            "compute-domains",
-            COMPUTE_DOMAIN_DRIVER,
-            &cd.kubelet_plugin,
-        ));
-    }
     let selector = json!({ "app.kubernetes.io/name": PLUGIN });
     let mut pod_meta = json!({ "labels": t.labels(PLUGIN, true) });
     if !ds.annotations.is_empty() {
@@ -113,9 +145,9 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
                     "imagePullSecrets": t.pull_secrets(),
                     "containers": containers,
                     "volumes": [
-                        { "name": "plugins-registry", "hostPath": { "path": format!("{kubelet}/plugins_registry"), "type": "DirectoryOrCreate" } },
-                        { "name": "plugins", "hostPath": { "path": format!("{kubelet}/plugins"), "type": "DirectoryOrCreate" } },
-                        { "name": "cdi", "hostPath": { "path": "/var/run/cdi", "type": "DirectoryOrCreate" } },
+                        { "name": "plugins-registry", "hostPath": { "path": paths.registrar_dir, "type": "DirectoryOrCreate" } },
+                        { "name": "plugin-dir", "hostPath": { "path": paths.plugin_dir, "type": "DirectoryOrCreate" } },
+                        { "name": "cdi", "hostPath": { "path": CDI_ROOT, "type": "DirectoryOrCreate" } },
                         { "name": "driver-root", "hostPath": { "path": t.spec.host_paths.driver_root(), "type": "Directory" } },
                     ],
                 },

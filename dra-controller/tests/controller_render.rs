@@ -1,0 +1,230 @@
+//! The kubelet-plugin DaemonSet against the real plugin's command line: the rendered command, args and
+//! environment are fed through `dra-plugin`'s own clap definition, so a renamed or dropped variable on
+//! either side fails here.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use clap::{CommandFactory, Parser};
+use dra_controller::controller::crd::GPUClusterSpec;
+use dra_controller::controller::render::{self, Target};
+use dra_plugin::cli::{Backend, Cli, Command, RunArgs};
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::Container;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use serde_json::{Value, json};
+
+fn owner() -> OwnerReference {
+    OwnerReference {
+        api_version: "nvidia.com/v1alpha1".into(),
+        kind: "GPUCluster".into(),
+        name: "gpu-cluster".into(),
+        uid: "uid-1".into(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+fn daemonset(spec: Value) -> DaemonSet {
+    let spec: GPUClusterSpec = serde_json::from_value(spec).expect("spec parses");
+    let t = Target {
+        namespace: "gpu-dra",
+        owner: owner(),
+        spec: &spec,
+    };
+    render::plugin_daemonset(&t).expect("renders")
+}
+
+fn containers(ds: &DaemonSet) -> Vec<Container> {
+    ds.spec
+        .template
+        .spec
+        .as_ref()
+        .unwrap()
+        .containers
+        .clone()
+}
+
+/// `env var name -> --long-flag` of `dra-plugin run`, from the plugin's clap definition.
+fn plugin_env_flags() -> BTreeMap<String, String> {
+    let cli = Cli::command();
+    let run = cli.find_subcommand("run").expect("dra-plugin has `run`");
+    run.get_arguments()
+        .filter_map(|a| {
+            let env = a.get_env()?.to_str()?.to_owned();
+            Some((env, format!("--{}", a.get_long()?)))
+        })
+        .collect()
+}
+
+/// Parses the container the way its process would start: command, args, and every env var turned into
+/// the flag the plugin reads it through. `NODE_NAME` (a field reference) resolves to `node-a`.
+fn parse(c: &Container) -> RunArgs {
+    let flags = plugin_env_flags();
+    let mut argv: Vec<String> = c.command.clone().unwrap_or_default();
+    argv.extend(c.args.clone().unwrap_or_default());
+    assert_eq!(argv[..2], ["dra-plugin", "run"], "command and args");
+    for e in c.env.as_deref().unwrap_or_default() {
+        let flag = flags.get(&e.name).unwrap_or_else(|| {
+            panic!(
+                "container sets {} but `dra-plugin run` reads no such variable",
+                e.name
+            )
+        });
+        let value = match (&e.value, &e.value_from) {
+            (Some(v), None) => v.clone(),
+            (None, Some(from)) => {
+                let path = &from.field_ref.as_ref().expect("field ref").field_path;
+                assert_eq!(path, "spec.nodeName", "{}", e.name);
+                "node-a".to_owned()
+            }
+            other => panic!("{}: {other:?}", e.name),
+        };
+        argv.push(format!("{flag}={value}"));
+    }
+    match Cli::try_parse_from(&argv) {
+        Ok(Cli {
+            command: Command::Run(args),
+        }) => args,
+        Ok(other) => panic!("not `run`: {other:?}"),
+        Err(e) => panic!("dra-plugin rejects {argv:?}: {e}"),
+    }
+}
+
+fn env_of(c: &Container, name: &str) -> Option<String> {
+    c.env
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|e| e.name == name)
+        .and_then(|e| e.value.clone())
+}
+
+fn volume_path(ds: &DaemonSet, name: &str) -> String {
+    let pod = ds.spec.template.spec.as_ref().unwrap();
+    pod.volumes
+        .as_deref()
+        .unwrap()
+        .iter()
+        .find(|v| v.name == name)
+        .unwrap_or_else(|| panic!("volume {name}"))
+        .host_path
+        .as_ref()
+        .unwrap()
+        .path
+        .clone()
+}
+
+fn mount_path(c: &Container, name: &str) -> String {
+    c.volume_mounts
+        .as_deref()
+        .unwrap()
+        .iter()
+        .find(|m| m.name == name)
+        .unwrap_or_else(|| panic!("mount {name}"))
+        .mount_path
+        .clone()
+}
+
+#[test]
+fn defaults_parse_as_the_plugin_defaults_on_nvml() {
+    let ds = daemonset(json!({ "draDriver": { "featureGates": { "DynamicMIG": true } } }));
+    let cs = containers(&ds);
+    assert_eq!(cs.len(), 1);
+    let args = parse(&cs[0]);
+    assert_eq!(args.device.node_name, "node-a");
+    assert_eq!(args.device.driver_name, "gpu.nvidia.com");
+    assert_eq!(args.device.feature_gates, "DynamicMIG=true");
+    assert_eq!(args.device.backend, Backend::Nvml);
+    assert_eq!(
+        args.device.driver_root,
+        Some(PathBuf::from(render::CONTAINER_DRIVER_ROOT))
+    );
+    assert_eq!(args.kubeconfig, None, "in-cluster configuration");
+    assert_eq!(
+        args.registrar_dir,
+        PathBuf::from("/var/lib/kubelet/plugins_registry")
+    );
+    assert_eq!(
+        args.plugin_dir,
+        PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
+    );
+    assert_eq!(args.cdi_root, PathBuf::from("/var/run/cdi"));
+    assert_eq!(args.metrics_port, 8080);
+    assert_eq!(args.healthcheck_port, 51516);
+    let probe = cs[0].liveness_probe.as_ref().unwrap().grpc.as_ref().unwrap();
+    assert_eq!(
+        (probe.port, probe.service.as_deref()),
+        (51516, Some("liveness"))
+    );
+    // Host driver: host `/` is what the plugin sees at its driver root.
+    assert_eq!(volume_path(&ds, "driver-root"), "/");
+    assert_eq!(
+        mount_path(&cs[0], "driver-root"),
+        render::CONTAINER_DRIVER_ROOT
+    );
+}
+
+#[test]
+fn host_paths_move_the_sockets_and_the_driver_root() {
+    let ds = daemonset(json!({
+        "draDriver": {},
+        "hostPaths": { "kubeletRootDir": "/data/kubelet/", "driverInstallDir": "/run/nvidia/driver" },
+    }));
+    let c = &containers(&ds)[0];
+    let args = parse(c);
+    assert_eq!(
+        args.registrar_dir,
+        PathBuf::from("/data/kubelet/plugins_registry")
+    );
+    assert_eq!(
+        args.plugin_dir,
+        PathBuf::from("/data/kubelet/plugins/gpu.nvidia.com")
+    );
+    // The kubelet dials the sockets at the paths the plugin reports: host and container paths agree.
+    for (volume, path) in [
+        ("plugins-registry", "/data/kubelet/plugins_registry"),
+        ("plugin-dir", "/data/kubelet/plugins/gpu.nvidia.com"),
+        ("cdi", "/var/run/cdi"),
+    ] {
+        assert_eq!(volume_path(&ds, volume), path);
+        assert_eq!(mount_path(c, volume), path);
+    }
+    assert_eq!(volume_path(&ds, "driver-root"), "/run/nvidia/driver");
+    assert_eq!(
+        args.device.driver_root,
+        Some(PathBuf::from(render::CONTAINER_DRIVER_ROOT))
+    );
+}
+
+#[test]
+fn disabled_healthcheck_turns_the_health_server_off_and_user_env_overrides() {
+    let ds = daemonset(json!({ "draDriver": { "gpus": { "kubeletPlugin": {
+        "healthcheck": { "enabled": false, "port": 6000 },
+        "env": [ { "name": "DEVICE_BACKEND", "value": "simulated" },
+                 { "name": "SIMULATED_PROFILES", "value": "h100-80gb:2" } ],
+    } } } }));
+    let c = &containers(&ds)[0];
+    assert!(c.liveness_probe.is_none());
+    assert_eq!(env_of(c, "HEALTHCHECK_PORT").as_deref(), Some("0"));
+    let args = parse(c);
+    assert_eq!(args.healthcheck_port, 0);
+    assert_eq!(args.device.backend, Backend::Simulated);
+    assert_eq!(args.device.profiles, ["h100-80gb:2"]);
+    let names: Vec<_> = c.env.as_ref().unwrap().iter().map(|e| &e.name).collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == "DEVICE_BACKEND").count(),
+        1,
+        "an override replaces the built-in variable"
+    );
+}
+
+#[test]
+fn compute_domains_add_no_second_plugin_container() {
+    let ds = daemonset(json!({ "draDriver": { "computeDomains": { "enabled": true } } }));
+    let names: Vec<_> = containers(&ds).into_iter().map(|c| c.name).collect();
+    assert_eq!(
+        names,
+        ["gpus"],
+        "dra-plugin serves gpu.nvidia.com only; a second instance would republish the GPUs"
+    );
+}
