@@ -2,7 +2,11 @@
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "dra-controller", version, about = "gpu.nvidia.com DRA controller and local simulator")]
+#[command(
+    name = "dra-controller",
+    version,
+    about = "gpu.nvidia.com DRA controller and local simulator"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -16,6 +20,8 @@ pub enum Command {
     Eval(crate::sim::EvalArgs),
     /// Show which devices the scheduler would allocate to claims, or why it cannot.
     Simulate(crate::sim::SimulateArgs),
+    /// Print the CRDs (GPUCluster, ComputeDomain) generated from the Rust types, as YAML.
+    Crdgen,
 }
 
 impl Cli {
@@ -24,6 +30,7 @@ impl Cli {
             Command::Run(args) => crate::controller::run(args).await,
             Command::Eval(args) => crate::sim::eval(args).await,
             Command::Simulate(args) => crate::sim::simulate(args).await,
+            Command::Crdgen => crate::controller::crdgen(),
         }
     }
 }

@@ -39,3 +39,22 @@ fn gpucluster_crd_enforces_the_singleton_name() {
         "ComputeDomain spec must be immutable"
     );
 }
+
+#[test]
+fn crdgen_subcommand_prints_the_committed_crds() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dra-controller"))
+        .arg("crdgen")
+        .output()
+        .expect("dra-controller runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed = String::from_utf8(out.stdout).expect("utf-8");
+    let on_disk = std::fs::read_to_string(committed("deploy/crds/crds.yaml")).unwrap();
+    assert!(
+        printed == on_disk,
+        "`dra-controller crdgen` differs from deploy/crds/crds.yaml"
+    );
+}

@@ -214,3 +214,13 @@ async fn shutdown_signal() {
     }
     info!("shutting down");
 }
+
+/// `dra-controller crdgen`: the CRDs as generated from the Rust types, on stdout.
+pub fn crdgen() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    let yaml = crd::crds_yaml().context("serialising the CRDs")?;
+    std::io::stdout()
+        .write_all(yaml.as_bytes())
+        .context("writing the CRDs")?;
+    Ok(())
+}
