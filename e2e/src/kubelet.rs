@@ -101,6 +101,29 @@ impl Drop for Kubelet {
     }
 }
 
+/// Re-watch backoff of 200 ms doubling to 2 s: a node's view recovers within seconds of an API
+/// server outage (the default goes up to 30 s, which only slows the scenarios down).
+#[derive(Default)]
+struct QuickBackoff {
+    next: Option<Duration>,
+}
+
+impl Iterator for QuickBackoff {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let d = self.next.unwrap_or(Duration::from_millis(200));
+        self.next = Some((d * 2).min(Duration::from_secs(2)));
+        Some(d)
+    }
+}
+
+impl kube::runtime::utils::Backoff for QuickBackoff {
+    fn reset(&mut self) {
+        self.next = None;
+    }
+}
+
 fn is_terminating(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_some()
         || matches!(
@@ -276,7 +299,9 @@ impl Inner {
     async fn watch_pods(self: Arc<Self>) {
         let api: Api<Pod> = Api::all(self.client.clone());
         let cfg = watcher::Config::default().fields(&format!("spec.nodeName={}", self.node));
-        let mut stream = watcher::watcher(api, cfg).default_backoff().boxed();
+        let mut stream = watcher::watcher(api, cfg)
+            .backoff(QuickBackoff::default())
+            .boxed();
         let mut workers: HashMap<String, watch::Sender<Option<Pod>>> = HashMap::new();
         let mut relisted: Option<HashSet<String>> = None;
         while let Some(ev) = stream.next().await {

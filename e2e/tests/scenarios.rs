@@ -124,7 +124,7 @@ async fn s0_control_plane_allocates_from_handmade_slice() -> Result<()> {
         name: "gpu",
         template: "single-gpu",
     }];
-    for pod in ["hm-1", "hm-2", "hm-3"] {
+    for pod in ["hm-1", "hm-2"] {
         env.create_pod(&env.pod_manifest(pod, Some(node), &claim, None)?)
             .await?;
     }
@@ -151,6 +151,9 @@ async fn s0_control_plane_allocates_from_handmade_slice() -> Result<()> {
         devices.insert(results(&c)[0].device.clone());
     }
     ensure!(devices.len() == 2, "two pods share a device: {devices:?}");
+    // Created only now: the scheduler does not take pods in creation order.
+    env.create_pod(&env.pod_manifest("hm-3", Some(node), &claim, None)?)
+        .await?;
     let msg = wait_unschedulable(&env, "hm-3").await?;
     println!("s0: third pod unschedulable: {msg}");
     // No kubelet here: a force delete lets the controller release the claim.
@@ -228,12 +231,15 @@ async fn s0_harness_selftest_with_test_double() -> Result<()> {
         name: "gpu",
         template: "single-gpu",
     }];
-    for pod in ["d-1", "d-2", "d-3"] {
+    for pod in ["d-1", "d-2"] {
         env.create_pod(&env.pod_manifest(pod, Some(node), &claim, None)?)
             .await?;
     }
     env.wait_running("d-1").await?;
     env.wait_running("d-2").await?;
+    // Created only now: the scheduler does not take pods in creation order.
+    env.create_pod(&env.pod_manifest("d-3", Some(node), &claim, None)?)
+        .await?;
     wait_unschedulable(&env, "d-3").await?;
     let c1 = env.pod_claim("d-1", "gpu").await?;
     let uid1 = c1.uid().unwrap_or_default();
