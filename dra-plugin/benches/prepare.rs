@@ -13,6 +13,7 @@ struct Run {
     label: &'static str,
     profiles: &'static [&'static str],
     layout: &'static str,
+    gates: &'static str,
     /// Device names, one per concurrent claim.
     devices: Vec<String>,
 }
@@ -73,6 +74,8 @@ async fn bench(run: Run, rounds: usize) {
         "0",
         "--mig-layout",
         run.layout,
+        "--feature-gates",
+        run.gates,
     ]);
     for p in run.profiles {
         cmd.args(["--profile", p]);
@@ -190,6 +193,7 @@ fn main() {
                 label: "8x H100 80GB, whole GPUs",
                 profiles: &["h100-80gb:8"],
                 layout: "disabled",
+                gates: "",
                 devices: (0..8).map(|g| format!("gpu-{g}")).collect(),
             },
             rounds,
@@ -200,6 +204,7 @@ fn main() {
                 label: "8x H100 80GB, all-1g.10gb (56 MIG devices)",
                 profiles: &["h100-80gb:8"],
                 layout: "all-1g.10gb",
+                gates: "",
                 devices: mig_devices(8),
             },
             rounds,
@@ -212,7 +217,20 @@ fn main() {
                 label: "8x H100 all-1g.10gb + 8x L4 (64 devices)",
                 profiles: &["h100-80gb:8", "l4:8"],
                 layout: "all-1g.10gb",
+                gates: "",
                 devices,
+            },
+            rounds,
+        )
+        .await;
+        // Dynamic MIG: every prepare creates the instance, every unprepare destroys it.
+        bench(
+            Run {
+                label: "8x H100 80GB, DynamicMIG, 1g.10gb created on demand",
+                profiles: &["h100-80gb:8"],
+                layout: "disabled",
+                gates: "DynamicMIG=true",
+                devices: mig_devices(8),
             },
             rounds,
         )

@@ -143,9 +143,13 @@ impl ClaimSource for FileClaims {
                     Err(_) => return Err(Error::ClaimNotFound(claim.key())),
                 },
             };
-            let obj: ResourceClaim = serde_yaml::from_str(&text).map_err(|e| {
-                Error::io("parsing the ResourceClaim", &path, std::io::Error::other(e))
-            })?;
+            let parsed = if path.extension().is_some_and(|e| e == "json") {
+                serde_json::from_str(&text).map_err(std::io::Error::other)
+            } else {
+                serde_yaml::from_str(&text).map_err(std::io::Error::other)
+            };
+            let obj: ResourceClaim =
+                parsed.map_err(|e| Error::io("parsing the ResourceClaim", &path, e))?;
             allocation_from_claim(&obj, claim, &self.driver, &self.pool)
         }
         .boxed()
