@@ -1,4 +1,8 @@
-//! Device backends: where GPUs come from (simulated profiles or NVML) and how MIG is changed.
+//! Device backends: where GPUs come from (simulated profiles or NVML), how MIG and sharing
+//! settings are changed, and what the hardware says about its health.
+use std::time::Duration;
+
+use gpu_dra_api::config::TimeSliceInterval;
 use gpu_dra_api::inventory::{Inventory, MigDevice};
 
 use crate::Error;
@@ -31,4 +35,74 @@ pub trait DeviceBackend: Send + Sync + 'static {
         gi_profile_id: u32,
         placement_start: u32,
     ) -> Result<(), Error>;
+
+    /// Sets the time-slice interval of the GPU with minor `gpu_minor` (`Default` resets it).
+    fn set_time_slice(&self, gpu_minor: u32, interval: TimeSliceInterval) -> Result<(), Error> {
+        Err(Error::Unsupported(format!(
+            "the {} backend cannot set the time slice of gpu-{gpu_minor} to {interval:?}",
+            self.kind()
+        )))
+    }
+
+    /// Sets the compute mode of the GPU with minor `gpu_minor` (MPS needs exclusive-process).
+    fn set_compute_mode(&self, gpu_minor: u32, mode: ComputeMode) -> Result<(), Error> {
+        Err(Error::Unsupported(format!(
+            "the {} backend cannot set the compute mode of gpu-{gpu_minor} to {mode:?}",
+            self.kind()
+        )))
+    }
+
+    /// Blocks for up to `timeout` and returns the health events that arrived meanwhile. A
+    /// backend that cannot watch a GPU reports `Unmonitored` for it once.
+    fn health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, Error> {
+        std::thread::sleep(timeout);
+        Ok(Vec::new())
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeMode {
+    Default,
+    ExclusiveProcess,
+}
+
+/// Something the driver reported about a GPU (MIG devices share their parent's health unless the
+/// event names one).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthEvent {
+    /// The GPU's minor number (`gpu-<minor>`).
+    pub minor: u32,
+    pub uuid: String,
+    pub kind: HealthEventKind,
+    /// The MIG device concerned, as (GPU instance, compute instance), when the driver names one.
+    pub mig: Option<(u32, u32)>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthEventKind {
+    /// An XID error with its code.
+    Xid(u64),
+    /// An uncorrectable (double-bit) ECC error.
+    DoubleBitEcc,
+    /// The GPU fell off the bus or is otherwise unreachable.
+    GpuLost,
+    /// Health cannot be watched for this GPU (events could not be registered).
+    Unmonitored,
+    /// The GPU reports healthy again (after a reset, or the simulator says so).
+    Healthy,
+}
+
+/// XIDs that an application causes (illegal address, MMU fault of a process, ...) and that say
+/// nothing about the GPU's health; NVIDIA's driver ignores the same ones by default.
+pub const APPLICATION_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
+
+impl HealthEvent {
+    /// Whether the GPU should stop taking new work.
+    pub fn makes_unhealthy(&self) -> bool {
+        match self.kind {
+            HealthEventKind::Xid(code) => !APPLICATION_XIDS.contains(&code),
+            HealthEventKind::DoubleBitEcc | HealthEventKind::GpuLost => true,
+            HealthEventKind::Unmonitored | HealthEventKind::Healthy => false,
+        }
+    }
 }

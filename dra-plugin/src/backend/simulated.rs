@@ -1,29 +1,138 @@
 //! The simulated backend: GPUs from hardware profiles, MIG devices kept in memory.
-use std::sync::Mutex;
+use std::collections::{BTreeMap, VecDeque};
+use std::path::PathBuf;
+use std::sync::{Condvar, Mutex};
+use std::time::Duration;
+
+use gpu_dra_api::config::TimeSliceInterval;
 
 use gpu_dra_api::inventory::{Inventory, MigDevice};
 use gpu_dra_api::simulated::{GpuGroup, sim_mig_uuid, simulate_node};
 
-use super::DeviceBackend;
+use super::{ComputeMode, DeviceBackend, HealthEvent, HealthEventKind};
 use crate::Error;
 
 pub struct SimulatedBackend {
     inventory: Mutex<Inventory>,
+    settings: Mutex<BTreeMap<u32, GpuSettings>>,
+    health: Mutex<VecDeque<HealthEvent>>,
+    health_ready: Condvar,
+    /// Lines such as `gpu-3 xid 79`, `gpu-3 ecc`, `gpu-3 lost`, `gpu-3 healthy` appended to this
+    /// file are picked up as health events (how tests inject faults into a running plugin).
+    health_file: Option<PathBuf>,
+}
+
+/// Sharing settings of one simulated GPU, as `nvidia-smi` would show them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuSettings {
+    pub time_slice: TimeSliceInterval,
+    pub compute_mode: ComputeMode,
+}
+
+impl Default for GpuSettings {
+    fn default() -> Self {
+        GpuSettings {
+            time_slice: TimeSliceInterval::Default,
+            compute_mode: ComputeMode::Default,
+        }
+    }
 }
 
 impl SimulatedBackend {
     pub fn new(node: &str, groups: &[GpuGroup], mig_layout: Option<&str>) -> Result<Self, Error> {
         let inventory = simulate_node(node, groups, mig_layout)?;
-        Ok(SimulatedBackend {
-            inventory: Mutex::new(inventory),
-        })
+        Ok(Self::from_inventory(inventory))
     }
 
     pub fn from_inventory(inventory: Inventory) -> Self {
         SimulatedBackend {
             inventory: Mutex::new(inventory),
+            settings: Mutex::new(BTreeMap::new()),
+            health: Mutex::new(VecDeque::new()),
+            health_ready: Condvar::new(),
+            health_file: None,
         }
     }
+}
+
+impl SimulatedBackend {
+    /// Also read injected health events from `path`.
+    pub fn with_health_file(mut self, path: PathBuf) -> Self {
+        self.health_file = Some(path);
+        self
+    }
+
+    /// Queues a health event, as if the hardware had reported it.
+    pub fn inject_health(&self, event: HealthEvent) {
+        self.health.lock().expect("health lock").push_back(event);
+        self.health_ready.notify_all();
+    }
+
+    pub fn settings(&self, gpu_minor: u32) -> GpuSettings {
+        self.settings
+            .lock()
+            .expect("settings lock")
+            .get(&gpu_minor)
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn gpu_exists(&self, gpu_minor: u32) -> Result<(), Error> {
+        let inv = self.inventory.lock().expect("inventory lock");
+        match inv.gpu_by_minor(gpu_minor) {
+            Some(_) => Ok(()),
+            None => Err(Error::Device(format!("no GPU with minor {gpu_minor}"))),
+        }
+    }
+
+    /// Moves events written to the injection file into the queue; the file is emptied.
+    fn read_health_file(&self) {
+        let Some(path) = &self.health_file else {
+            return;
+        };
+        let Ok(text) = std::fs::read_to_string(path) else {
+            return;
+        };
+        if text.is_empty() {
+            return;
+        }
+        let _ = std::fs::write(path, "");
+        for line in text.lines().map(str::trim).filter(|l| !l.is_empty()) {
+            match parse_health_line(line) {
+                Some(mut ev) => {
+                    let inv = self.inventory.lock().expect("inventory lock");
+                    ev.uuid = inv
+                        .gpu_by_minor(ev.minor)
+                        .map(|g| g.uuid.clone())
+                        .unwrap_or_default();
+                    drop(inv);
+                    self.inject_health(ev)
+                }
+                None => tracing::warn!(line, "ignoring a malformed simulated health event"),
+            }
+        }
+    }
+}
+
+/// `gpu-<minor> xid <code>` | `gpu-<minor> ecc` | `gpu-<minor> lost` | `gpu-<minor> unmonitored` |
+/// `gpu-<minor> healthy`.
+pub fn parse_health_line(line: &str) -> Option<HealthEvent> {
+    let mut words = line.split_whitespace();
+    let gpu_minor = words.next()?.strip_prefix("gpu-")?.parse().ok()?;
+    let kind = match (words.next()?, words.next()) {
+        ("xid", Some(code)) => HealthEventKind::Xid(code.parse().ok()?),
+        ("ecc", None) => HealthEventKind::DoubleBitEcc,
+        ("lost", None) => HealthEventKind::GpuLost,
+        ("unmonitored", None) => HealthEventKind::Unmonitored,
+        ("healthy", None) => HealthEventKind::Healthy,
+        _ => return None,
+    };
+    words.next().is_none().then_some(HealthEvent {
+        minor: gpu_minor,
+        uuid: String::new(),
+        kind,
+        mig: None,
+    })
 }
 
 impl DeviceBackend for SimulatedBackend {
@@ -136,6 +245,50 @@ impl DeviceBackend for SimulatedBackend {
         Ok(device)
     }
 
+    fn set_time_slice(&self, gpu_minor: u32, interval: TimeSliceInterval) -> Result<(), Error> {
+        self.gpu_exists(gpu_minor)?;
+        self.settings
+            .lock()
+            .expect("settings lock")
+            .entry(gpu_minor)
+            .or_default()
+            .time_slice = interval;
+        Ok(())
+    }
+
+    fn set_compute_mode(&self, gpu_minor: u32, mode: ComputeMode) -> Result<(), Error> {
+        self.gpu_exists(gpu_minor)?;
+        self.settings
+            .lock()
+            .expect("settings lock")
+            .entry(gpu_minor)
+            .or_default()
+            .compute_mode = mode;
+        Ok(())
+    }
+
+    fn health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, Error> {
+        let deadline = std::time::Instant::now() + timeout;
+        loop {
+            self.read_health_file();
+            let mut q = self.health.lock().expect("health lock");
+            if !q.is_empty() {
+                return Ok(q.drain(..).collect());
+            }
+            let now = std::time::Instant::now();
+            if now >= deadline {
+                return Ok(Vec::new());
+            }
+            // Poll the injection file at least every 200 ms.
+            let wait = (deadline - now).min(Duration::from_millis(200));
+            let (q, _) = self
+                .health_ready
+                .wait_timeout(q, wait)
+                .expect("health lock");
+            drop(q);
+        }
+    }
+
     fn destroy_mig(
         &self,
         parent_minor: u32,
@@ -164,6 +317,70 @@ impl DeviceBackend for SimulatedBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_events_come_from_injection_and_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("health");
+        let b = SimulatedBackend::new("n", &[GpuGroup::parse("h100-80gb:2").unwrap()], None)
+            .unwrap()
+            .with_health_file(file.clone());
+        assert!(
+            b.health_events(Duration::from_millis(10))
+                .unwrap()
+                .is_empty()
+        );
+        b.inject_health(HealthEvent {
+            minor: 1,
+            uuid: "GPU-1".into(),
+            kind: HealthEventKind::GpuLost,
+            mig: None,
+        });
+        std::fs::write(&file, "gpu-0 xid 79\nbogus line\ngpu-0 healthy\n").unwrap();
+        let mut got = b.health_events(Duration::from_millis(500)).unwrap();
+        if got.len() < 3 {
+            got.extend(b.health_events(Duration::from_millis(500)).unwrap());
+        }
+        assert_eq!(got.len(), 3, "{got:?}");
+        let kinds: Vec<_> = got.iter().map(|e| (e.minor, e.kind.clone())).collect();
+        assert!(kinds.contains(&(0, HealthEventKind::Xid(79))), "{got:?}");
+        assert!(kinds.contains(&(0, HealthEventKind::Healthy)), "{got:?}");
+        let uuid0 = b.discover().unwrap().gpus[0].uuid.clone();
+        assert!(
+            got.iter().filter(|e| e.minor == 0).all(|e| e.uuid == uuid0),
+            "events carry the GPU's UUID"
+        );
+        assert_eq!(std::fs::read_to_string(&file).unwrap(), "", "consumed");
+        assert_eq!(
+            parse_health_line("gpu-2 ecc"),
+            Some(HealthEvent {
+                minor: 2,
+                uuid: String::new(),
+                kind: HealthEventKind::DoubleBitEcc,
+                mig: None
+            })
+        );
+        assert_eq!(parse_health_line("gpu-2 xid"), None);
+        assert_eq!(parse_health_line("gpu-2 lost now"), None);
+    }
+
+    #[test]
+    fn sharing_settings_are_recorded_per_gpu() {
+        let b =
+            SimulatedBackend::new("n", &[GpuGroup::parse("h100-80gb:2").unwrap()], None).unwrap();
+        b.set_time_slice(1, TimeSliceInterval::Short).unwrap();
+        b.set_compute_mode(1, ComputeMode::ExclusiveProcess)
+            .unwrap();
+        assert_eq!(
+            b.settings(1),
+            GpuSettings {
+                time_slice: TimeSliceInterval::Short,
+                compute_mode: ComputeMode::ExclusiveProcess
+            }
+        );
+        assert_eq!(b.settings(0), GpuSettings::default());
+        assert!(b.set_time_slice(7, TimeSliceInterval::Long).is_err());
+    }
 
     #[test]
     fn mig_create_is_idempotent_refuses_overlaps_and_destroy_frees() {
