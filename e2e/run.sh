@@ -9,7 +9,7 @@
 #                               until Ctrl-C.
 #   bash e2e/run.sh --up        only start the cluster and keep it up (no tests).
 #
-# Environment: E2E_PLUGIN_BIN (use this dra-plugin binary instead of building it), E2E_CACHE (binary cache, default ~/.cache/gpu-dra-e2e), E2E_LOGS (where logs of a failed
+# Environment: E2E_KEEP_WORKDIR=1 (keep the work dir with all logs after a passing run), E2E_PLUGIN_BIN (use this dra-plugin binary instead of building it), E2E_CACHE (binary cache, default ~/.cache/gpu-dra-e2e), E2E_LOGS (where logs of a failed
 # run are kept, default /tmp/gpu-dra-e2e-logs), CARGO_PROFILE_FLAGS (e.g. --release).
 set -euo pipefail
 
@@ -64,8 +64,10 @@ finish() {
     done
   fi
   cluster_stop
-  if [ "$STATUS" = 0 ]; then
+  if [ "$STATUS" = 0 ] && [ "${E2E_KEEP_WORKDIR:-0}" != 1 ]; then
     rm -rf "$WORK"
+  elif [ "$STATUS" = 0 ]; then
+    echo "work dir kept: $WORK"
   else
     mkdir -p "$LOGS_ROOT"
     local keep

@@ -39,6 +39,7 @@ pub struct Env {
     pub kubeconfig: PathBuf,
     pub plugin_bin: PathBuf,
     pub nodes: Vec<NodeEnv>,
+    started: Instant,
 }
 
 fn init_tracing() {
@@ -157,6 +158,7 @@ impl Env {
             kubeconfig,
             plugin_bin,
             nodes: Vec::new(),
+            started: Instant::now(),
         };
         let nss: Api<Namespace> = Api::all(env.client.clone());
         if nss.get_opt(&ns).await?.is_some() {
@@ -496,6 +498,11 @@ impl Env {
         }
         let nss: Api<Namespace> = Api::all(self.client.clone());
         nss.delete(&self.ns, &DeleteParams::default()).await?;
+        println!(
+            "{}: passed in {:.1}s",
+            self.test,
+            self.started.elapsed().as_secs_f64()
+        );
         Ok(())
     }
 }

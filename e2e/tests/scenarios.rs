@@ -758,6 +758,7 @@ async fn delete_slices_and_wait(env: &Env, node: &str) -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s5_robustness_plugin_kill_slices_apiserver() -> Result<()> {
     let mut env = env_or_skip!("s5_robustness_plugin_kill_slices_apiserver");
+    let t0 = Instant::now();
     let node = "s5-h100";
     env.add_node(node, &["--profile", "h100-80gb:8"]).await?;
     env.create_from_file("examples/claims/single-gpu.yaml")
@@ -835,7 +836,10 @@ async fn s5_robustness_plugin_kill_slices_apiserver() -> Result<()> {
 
     // Slices deleted behind the plugin's back come back.
     delete_slices_and_wait(&env, node).await?;
-    println!("s5: slices republished after deletion");
+    println!(
+        "s5: slices republished after deletion (+{:.1}s)",
+        t0.elapsed().as_secs_f64()
+    );
 
     // The API server goes away for a while and comes back.
     let hold = env.work.join("kube-apiserver.hold");
@@ -863,13 +867,23 @@ async fn s5_robustness_plugin_kill_slices_apiserver() -> Result<()> {
         Ok(nodes.list(&ListParams::default()).await.ok().map(|_| ()))
     })
     .await?;
-    println!("s5: API server restarted");
+    println!(
+        "s5: API server restarted (+{:.1}s)",
+        t0.elapsed().as_secs_f64()
+    );
     env.node_mut(node).plugin.check_alive()?;
     delete_slices_and_wait(&env, node).await?;
-    println!("s5: plugin republishes after the API server outage");
+    println!(
+        "s5: plugin republishes after the API server outage (+{:.1}s)",
+        t0.elapsed().as_secs_f64()
+    );
     env.create_pod(&env.pod_manifest("r-c", Some(node), &claim, None)?)
         .await?;
     env.wait_running("r-c").await?;
+    println!(
+        "s5: new pod prepared after the outage (+{:.1}s)",
+        t0.elapsed().as_secs_f64()
+    );
 
     env.delete_pod("r-a").await?;
     env.wait_pod_gone("r-a").await?;
