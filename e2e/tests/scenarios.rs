@@ -842,6 +842,13 @@ async fn s5_robustness_plugin_kill_slices_apiserver() -> Result<()> {
     );
 
     // The API server goes away for a while and comes back.
+    let plugin_log = env.node(node).dirs.root.join("plugin.log");
+    let log_lines = || {
+        std::fs::read_to_string(&plugin_log)
+            .map(|t| t.lines().count())
+            .unwrap_or(0)
+    };
+    let lines_before = log_lines();
     let hold = env.work.join("kube-apiserver.hold");
     std::fs::write(&hold, b"")?;
     let pid = apiserver_pid(&env)?;
@@ -867,6 +874,10 @@ async fn s5_robustness_plugin_kill_slices_apiserver() -> Result<()> {
         Ok(nodes.list(&ListParams::default()).await.ok().map(|_| ()))
     })
     .await?;
+    println!(
+        "s5: the plugin wrote {} log lines while the API server was down",
+        log_lines().saturating_sub(lines_before)
+    );
     println!(
         "s5: API server restarted (+{:.1}s)",
         t0.elapsed().as_secs_f64()
