@@ -35,13 +35,7 @@ fn daemonset(spec: Value) -> DaemonSet {
 }
 
 fn containers(ds: &DaemonSet) -> Vec<Container> {
-    ds.spec
-        .template
-        .spec
-        .as_ref()
-        .unwrap()
-        .containers
-        .clone()
+    ds.spec.template.spec.as_ref().unwrap().containers.clone()
 }
 
 /// `env var name -> --long-flag` of `dra-plugin run`, from the plugin's clap definition.
@@ -151,7 +145,13 @@ fn defaults_parse_as_the_plugin_defaults_on_nvml() {
     assert_eq!(args.cdi_root, PathBuf::from("/var/run/cdi"));
     assert_eq!(args.metrics_port, 8080);
     assert_eq!(args.healthcheck_port, 51516);
-    let probe = cs[0].liveness_probe.as_ref().unwrap().grpc.as_ref().unwrap();
+    let probe = cs[0]
+        .liveness_probe
+        .as_ref()
+        .unwrap()
+        .grpc
+        .as_ref()
+        .unwrap();
     assert_eq!(
         (probe.port, probe.service.as_deref()),
         (51516, Some("liveness"))

@@ -46,3 +46,20 @@ where
 pub fn names<K: Resource>(objs: &[K]) -> Vec<String> {
     objs.iter().map(|o| o.name_any()).collect()
 }
+
+/// Delete with background propagation, for objects nothing depends on. `true` while it still exists
+/// (someone else's finalizer holds it).
+pub async fn delete_background<K>(api: &Api<K>, name: &str) -> Result<bool>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let dp = DeleteParams {
+        propagation_policy: Some(PropagationPolicy::Background),
+        ..Default::default()
+    };
+    match api.delete(name, &dp).await {
+        Ok(either) => Ok(either.is_left()),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}

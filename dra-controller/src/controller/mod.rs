@@ -1,6 +1,7 @@
 //! The cluster controller: GPUCluster (DeviceClasses, kubelet plugin, RBAC, VAP, migration pool) and
 //! ComputeDomains, behind leader election, with metrics and health endpoints.
 pub mod apply;
+pub mod computedomain;
 pub mod crd;
 pub mod deviceclasses;
 pub mod error;
@@ -25,14 +26,14 @@ use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client};
 use tracing::{info, warn};
 
-use crd::{GPU_CLUSTER_NAME, GPUCluster};
+use crd::{ComputeDomain, GPU_CLUSTER_NAME, GPUCluster};
 
 #[derive(clap::Args, Debug)]
 pub struct RunArgs {
@@ -48,9 +49,20 @@ pub struct RunArgs {
     /// Seconds a lease stays valid without renewal.
     #[arg(long, default_value_t = 15)]
     pub lease_duration_secs: u64,
-    /// Controllers to run in this process. The ComputeDomain controller is not part of this build yet.
+    /// Controllers to run in this process (comma-separated).
     #[arg(long, value_enum, value_delimiter = ',', default_value = "gpucluster")]
     pub controllers: Vec<ControllerKind>,
+    /// Image of the per-ComputeDomain IMEX daemon pods.
+    #[arg(long, env = "DAEMON_IMAGE", default_value_t = format!("{}/{}:{}", render::DEFAULT_REPOSITORY, render::DEFAULT_IMAGE, render::DEFAULT_VERSION))]
+    pub daemon_image: String,
+    /// Command of the IMEX daemon container (comma-separated). The default runs NVIDIA's `nvidia-imex`
+    /// on the config the compute-domain kubelet plugin writes when it prepares the daemon device.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "nvidia-imex,-c,/imexd/imexd.cfg"
+    )]
+    pub daemon_command: Vec<String>,
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -60,6 +72,8 @@ pub struct RunArgs {
 pub enum ControllerKind {
     /// GPUCluster: DeviceClasses, kubelet plugin, RBAC, VAP, migration pool.
     Gpucluster,
+    /// ComputeDomain: workload and daemon ResourceClaimTemplates, daemon DaemonSets, status.
+    Computedomain,
 }
 
 /// Run until SIGTERM or Ctrl-C: serve the admin endpoint, win the lease, reconcile, release the lease.
@@ -116,12 +130,36 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     metrics.leader.set(1);
     info!("leading; starting controllers");
 
-    let ctx = Arc::new(gpucluster::Ctx {
-        client: client.clone(),
-        namespace: args.namespace.clone(),
-        metrics,
-    });
-    let controllers = gpucluster_controller(client, ctx, shutdown.clone());
+    let mut controllers: Vec<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>> = Vec::new();
+    if args.controllers.contains(&ControllerKind::Gpucluster) {
+        let ctx = Arc::new(gpucluster::Ctx {
+            client: client.clone(),
+            namespace: args.namespace.clone(),
+            metrics: metrics.clone(),
+        });
+        controllers.push(Box::pin(gpucluster_controller(
+            client.clone(),
+            ctx,
+            shutdown.clone(),
+        )));
+    }
+    if args.controllers.contains(&ControllerKind::Computedomain) {
+        let ctx = Arc::new(computedomain::Ctx {
+            client: client.clone(),
+            namespace: args.namespace.clone(),
+            daemon: computedomain::DaemonImage {
+                image: args.daemon_image.clone(),
+                command: args.daemon_command.clone(),
+            },
+            metrics: metrics.clone(),
+        });
+        controllers.push(Box::pin(computedomain_controller(
+            client.clone(),
+            ctx,
+            shutdown.clone(),
+        )));
+    }
+    let controllers = futures::future::join_all(controllers);
     let renew = async {
         let mut last_ok = tokio::time::Instant::now();
         loop {
@@ -137,7 +175,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let result = tokio::select! {
-        () = controllers => Ok(()),
+        _ = controllers => Ok(()),
         lost = renew => Err(lost),
     };
     if let Err(e) = lock.release().await {
@@ -190,6 +228,42 @@ fn gpucluster_controller(
     .for_each(|res| async move {
         if let Err(e) = res {
             warn!(error = %e, "gpucluster reconcile failed");
+        }
+    })
+}
+
+fn computedomain_controller(
+    client: Client,
+    ctx: Arc<computedomain::Ctx>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> {
+    let ns = ctx.namespace.clone();
+    let daemons = watcher::Config::default().labels(&format!(
+        "{}={}",
+        labels::COMPONENT,
+        gpucluster::CD_DAEMON_COMPONENT
+    ));
+    let workload =
+        watcher::Config::default().labels(&format!("{}={}", labels::PART_OF.0, labels::PART_OF.1));
+    Controller::new(
+        Api::<ComputeDomain>::all(client.clone()),
+        watcher::Config::default(),
+    )
+    .owns(Api::<ResourceClaimTemplate>::all(client.clone()), workload)
+    .watches(
+        Api::<DaemonSet>::namespaced(client.clone(), &ns),
+        daemons.clone(),
+        |ds| computedomain::domain_of(&ds),
+    )
+    .watches(Api::<Pod>::namespaced(client, &ns), daemons, |pod| {
+        computedomain::domain_of(&pod)
+    })
+    .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))
+    .graceful_shutdown_on(shutdown)
+    .run(computedomain::reconcile, computedomain::error_policy, ctx)
+    .for_each(|res| async move {
+        if let Err(e) = res {
+            warn!(error = %e, "computedomain reconcile failed");
         }
     })
 }

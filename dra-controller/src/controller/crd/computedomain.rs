@@ -73,7 +73,8 @@ pub struct ComputeDomainNode {
     pub name: String,
     #[serde(default)]
     pub ip_address: String,
-    #[serde(default)]
+    /// `<fabric clusterUUID>.<cliqueId>`; empty without NVLink fabric.
+    #[serde(default, rename = "cliqueID")]
     pub clique_id: String,
     pub index: i32,
     pub status: DomainStatus,

@@ -5,7 +5,9 @@ mod rbac;
 mod vap;
 
 pub use cdctl::{CD_CONTROLLER, cd_controller_deployment};
-pub use plugin::{CDI_ROOT, CONTAINER_DRIVER_ROOT, METRICS_PORT, PLUGIN, PluginPaths, plugin_daemonset};
+pub use plugin::{
+    CDI_ROOT, CONTAINER_DRIVER_ROOT, METRICS_PORT, PLUGIN, PluginPaths, plugin_daemonset,
+};
 pub use rbac::{cd_controller_rbac, plugin_rbac};
 pub use vap::{VAP_NAME, slice_policy, slice_policy_binding};
 

@@ -1,0 +1,436 @@
+//! The ComputeDomain reconciler: for each domain, the workload ResourceClaimTemplate in its namespace,
+//! a per-domain IMEX daemon DaemonSet and that DaemonSet's ResourceClaimTemplate in the driver
+//! namespace, and the domain's status; on deletion everything goes in order, then the finalizer.
+//!
+//! The daemon objects live in the driver namespace, where a namespaced ComputeDomain cannot own them
+//! (owner references never cross namespaces), so they carry the domain's UID as a label and the
+//! finalizer is what removes them.
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tracing::{info, instrument};
+
+use super::apply::{apply, delete, delete_background, params};
+use super::crd::{
+    AllocationMode, ComputeDomain, ComputeDomainNode, ComputeDomainStatus, DomainStatus,
+};
+use super::error::{Error, Result};
+use super::gpucluster::CD_DAEMON_COMPONENT;
+use super::labels::{
+    COMPONENT, COMPUTE_DOMAIN_DRIVER, COMPUTE_DOMAIN_FINALIZER, COMPUTE_DOMAIN_NODE_LABEL,
+    MANAGED_BY, PART_OF,
+};
+use super::metrics::Metrics;
+
+/// DeviceClass of the workload's IMEX channel.
+pub const CHANNEL_CLASS: &str = "compute-domain-default-channel.nvidia.com";
+/// DeviceClass of the per-node IMEX daemon device.
+pub const DAEMON_CLASS: &str = "compute-domain-daemon.nvidia.com";
+/// Request name in the workload template; pods refer to it in `resources.claims[].request`.
+pub const CHANNEL_REQUEST: &str = "channel";
+/// Request name in the daemon template.
+pub const DAEMON_REQUEST: &str = "daemon";
+/// API version and kinds of the opaque configs the compute-domain kubelet plugin reads.
+pub const CONFIG_API_VERSION: &str = "resource.nvidia.com/v1beta1";
+/// Label on daemon pods naming the clique (`<clusterUUID>.<cliqueId>`) the daemon joined; set by the
+/// daemon side, read into `status.nodes[].cliqueID`.
+pub const CLIQUE_LABEL: &str = "resource.nvidia.com/computeDomain.cliqueID";
+/// Annotations on daemon objects that lead a watch event back to its domain.
+pub const DOMAIN_NAMESPACE_ANNOTATION: &str = "resource.nvidia.com/computeDomain.namespace";
+pub const DOMAIN_NAME_ANNOTATION: &str = "resource.nvidia.com/computeDomain.name";
+
+const CONTROLLER: &str = "computedomain";
+const SHORT_REQUEUE: Duration = Duration::from_secs(5);
+/// Daemon readiness is also watched; this only bounds how stale status can get.
+const STATUS_SYNC: Duration = Duration::from_secs(30);
+const RESYNC: Duration = Duration::from_secs(300);
+
+/// Shared by every reconcile.
+pub struct Ctx {
+    pub client: Client,
+    /// The driver namespace, home of the daemon DaemonSets and their templates.
+    pub namespace: String,
+    /// Image and command of the IMEX daemon container.
+    pub daemon: DaemonImage,
+    pub metrics: Arc<Metrics>,
+}
+
+/// What the per-domain daemon pods run.
+#[derive(Clone, Debug)]
+pub struct DaemonImage {
+    pub image: String,
+    pub command: Vec<String>,
+}
+
+/// Name of a domain's daemon DaemonSet and of its ResourceClaimTemplate (`compute-domain-daemon-<uid>`,
+/// 58 characters: within the 63 a label value, and so a DaemonSet's pods, allows).
+pub fn daemon_name(uid: &str) -> String {
+    format!("{CD_DAEMON_COMPONENT}-{uid}")
+}
+
+fn domain_uid(cd: &ComputeDomain) -> Result<String> {
+    cd.uid().ok_or(Error::MissingField("metadata.uid"))
+}
+
+fn domain_namespace(cd: &ComputeDomain) -> Result<String> {
+    cd.namespace()
+        .ok_or(Error::MissingField("metadata.namespace"))
+}
+
+fn labels(uid: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), CD_DAEMON_COMPONENT.into()),
+        (COMPONENT.into(), CD_DAEMON_COMPONENT.into()),
+        (PART_OF.0.into(), PART_OF.1.into()),
+        (MANAGED_BY.0.into(), MANAGED_BY.1.into()),
+        (COMPUTE_DOMAIN_NODE_LABEL.into(), uid.into()),
+    ])
+}
+
+fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T> {
+    serde_json::from_value(v).map_err(Error::Serialize)
+}
+
+/// The workload template (`spec.channel.resourceClaimTemplate.name` in the domain's namespace, owned by
+/// the domain): one `channel` device with the opaque `ComputeDomainChannelConfig`.
+pub fn channel_template(cd: &ComputeDomain) -> Result<ResourceClaimTemplate> {
+    let uid = domain_uid(cd)?;
+    let owner = cd
+        .controller_owner_ref(&())
+        .ok_or(Error::MissingField("metadata.uid"))?;
+    let mode = match cd.spec.channel.allocation_mode {
+        AllocationMode::Single => "Single",
+        AllocationMode::All => "All",
+    };
+    let mut l = labels(&uid);
+    l.insert(
+        "app.kubernetes.io/name".into(),
+        "compute-domain-channel".into(),
+    );
+    l.insert(COMPONENT.into(), "compute-domain-channel".into());
+    typed(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": cd.spec.channel.resource_claim_template.name,
+            "namespace": domain_namespace(cd)?,
+            "labels": l,
+            "ownerReferences": [owner],
+        },
+        "spec": { "spec": { "devices": {
+            "requests": [{ "name": CHANNEL_REQUEST, "exactly": { "deviceClassName": CHANNEL_CLASS } }],
+            "config": [{ "requests": [CHANNEL_REQUEST], "opaque": {
+                "driver": COMPUTE_DOMAIN_DRIVER,
+                "parameters": {
+                    "apiVersion": CONFIG_API_VERSION,
+                    "kind": "ComputeDomainChannelConfig",
+                    "domainID": uid,
+                    "allocationMode": mode,
+                },
+            }}],
+        }}},
+    }))
+}
+
+fn domain_annotations(cd: &ComputeDomain) -> Result<Value> {
+    Ok(json!({
+        DOMAIN_NAMESPACE_ANNOTATION: domain_namespace(cd)?,
+        DOMAIN_NAME_ANNOTATION: cd.name_any(),
+    }))
+}
+
+/// The daemon template (driver namespace): one `daemon` device with `ComputeDomainDaemonConfig`.
+pub fn daemon_template(cd: &ComputeDomain, driver_ns: &str) -> Result<ResourceClaimTemplate> {
+    let uid = domain_uid(cd)?;
+    typed(json!({
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {
+            "name": daemon_name(&uid),
+            "namespace": driver_ns,
+            "labels": labels(&uid),
+            "annotations": domain_annotations(cd)?,
+        },
+        "spec": { "spec": { "devices": {
+            "requests": [{ "name": DAEMON_REQUEST, "exactly": { "deviceClassName": DAEMON_CLASS } }],
+            "config": [{ "requests": [DAEMON_REQUEST], "opaque": {
+                "driver": COMPUTE_DOMAIN_DRIVER,
+                "parameters": {
+                    "apiVersion": CONFIG_API_VERSION,
+                    "kind": "ComputeDomainDaemonConfig",
+                    "domainID": uid,
+                },
+            }}],
+        }}},
+    }))
+}
+
+/// The daemon DaemonSet (driver namespace): one pod on every node the compute-domain plugin labelled
+/// `resource.nvidia.com/computeDomain=<uid>` while preparing a channel there.
+pub fn daemon_daemonset(
+    cd: &ComputeDomain,
+    driver_ns: &str,
+    daemon: &DaemonImage,
+) -> Result<DaemonSet> {
+    let uid = domain_uid(cd)?;
+    let name = daemon_name(&uid);
+    let field = |path: &str| json!({ "fieldRef": { "fieldPath": path } });
+    typed(json!({
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": {
+            "name": name,
+            "namespace": driver_ns,
+            "labels": labels(&uid),
+            "annotations": domain_annotations(cd)?,
+        },
+        "spec": {
+            "selector": { "matchLabels": { COMPUTE_DOMAIN_NODE_LABEL: uid, COMPONENT: CD_DAEMON_COMPONENT } },
+            "template": {
+                "metadata": { "labels": labels(&uid), "annotations": domain_annotations(cd)? },
+                "spec": {
+                    "nodeSelector": { COMPUTE_DOMAIN_NODE_LABEL: uid },
+                    "priorityClassName": "system-node-critical",
+                    "resourceClaims": [{ "name": DAEMON_REQUEST, "resourceClaimTemplateName": name }],
+                    "containers": [{
+                        "name": "imex-daemon",
+                        "image": daemon.image,
+                        "command": daemon.command,
+                        "env": [
+                            { "name": "NODE_NAME", "valueFrom": field("spec.nodeName") },
+                            { "name": "POD_IP", "valueFrom": field("status.podIP") },
+                            { "name": "COMPUTE_DOMAIN_UUID", "value": uid },
+                            { "name": "COMPUTE_DOMAIN_NAME", "value": cd.name_any() },
+                            { "name": "COMPUTE_DOMAIN_NAMESPACE", "value": domain_namespace(cd)? },
+                        ],
+                        "resources": { "claims": [{ "name": DAEMON_REQUEST }] },
+                    }],
+                },
+            },
+        },
+    }))
+}
+
+/// Pure: the domain's status from its daemon pods. Nodes keep the index they had; a new node takes the
+/// smallest free one. A node is `Ready` when its daemon pod is. The domain is `Ready` when `numNodes`
+/// nodes are ready, or, with `numNodes: 0`, when no daemon that exists is still starting.
+pub fn aggregate(
+    previous: &[ComputeDomainNode],
+    pods: &[Pod],
+    num_nodes: i32,
+) -> ComputeDomainStatus {
+    let prev: BTreeMap<&str, i32> = previous
+        .iter()
+        .map(|n| (n.name.as_str(), n.index))
+        .collect();
+    let mut observed: BTreeMap<String, ComputeDomainNode> = BTreeMap::new();
+    for pod in pods {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let status = pod.status.as_ref();
+        let ready = status
+            .and_then(|s| s.conditions.as_deref())
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+        observed.insert(
+            node.clone(),
+            ComputeDomainNode {
+                name: node,
+                ip_address: status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
+                clique_id: pod.labels().get(CLIQUE_LABEL).cloned().unwrap_or_default(),
+                index: -1,
+                status: if ready {
+                    DomainStatus::Ready
+                } else {
+                    DomainStatus::NotReady
+                },
+            },
+        );
+    }
+    let mut used: Vec<i32> = Vec::new();
+    for n in observed.values_mut() {
+        if let Some(&i) = prev.get(n.name.as_str()) {
+            n.index = i;
+            used.push(i);
+        }
+    }
+    for n in observed.values_mut().filter(|n| n.index < 0) {
+        let free = (0..).find(|i| !used.contains(i)).unwrap_or_default();
+        n.index = free;
+        used.push(free);
+    }
+    let ready = observed
+        .values()
+        .filter(|n| n.status == DomainStatus::Ready)
+        .count();
+    let domain_ready = if num_nodes > 0 {
+        ready >= num_nodes as usize
+    } else {
+        ready == observed.len()
+    };
+    let mut nodes: Vec<ComputeDomainNode> = observed.into_values().collect();
+    nodes.sort_by_key(|n| n.index);
+    ComputeDomainStatus {
+        status: if domain_ready {
+            DomainStatus::Ready
+        } else {
+            DomainStatus::NotReady
+        },
+        nodes,
+    }
+}
+
+#[instrument(skip(cd, ctx), fields(namespace = cd.namespace().unwrap_or_default(), name = %cd.name_any()))]
+pub async fn reconcile(cd: Arc<ComputeDomain>, ctx: Arc<Ctx>) -> Result<Action> {
+    let _timer = ctx.metrics.reconcile.measure(CONTROLLER);
+    let ns = domain_namespace(&cd)?;
+    let api: Api<ComputeDomain> = Api::namespaced(ctx.client.clone(), &ns);
+    let has_finalizer = cd
+        .finalizers()
+        .iter()
+        .any(|f| f == COMPUTE_DOMAIN_FINALIZER);
+    if cd.meta().deletion_timestamp.is_some() {
+        if !has_finalizer {
+            return Ok(Action::await_change());
+        }
+        if let Some(what) = teardown(&cd, &ctx).await? {
+            info!(waiting_for = what, "teardown in progress");
+            return Ok(Action::requeue(SHORT_REQUEUE));
+        }
+        let rest: Vec<_> = cd
+            .finalizers()
+            .iter()
+            .filter(|f| *f != COMPUTE_DOMAIN_FINALIZER)
+            .collect();
+        let patch =
+            json!({ "metadata": { "finalizers": rest, "resourceVersion": cd.resource_version() } });
+        api.patch(
+            &cd.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+    if !has_finalizer {
+        let mut fins = cd.finalizers().to_vec();
+        fins.push(COMPUTE_DOMAIN_FINALIZER.to_owned());
+        let patch =
+            json!({ "metadata": { "finalizers": fins, "resourceVersion": cd.resource_version() } });
+        api.patch(
+            &cd.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(patch),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
+
+    let client = &ctx.client;
+    let driver_ns = ctx.namespace.as_str();
+    let uid = domain_uid(&cd)?;
+    apply(
+        &Api::<ResourceClaimTemplate>::namespaced(client.clone(), &ns),
+        &channel_template(&cd)?,
+    )
+    .await?;
+    apply(
+        &Api::<ResourceClaimTemplate>::namespaced(client.clone(), driver_ns),
+        &daemon_template(&cd, driver_ns)?,
+    )
+    .await?;
+    apply(
+        &Api::<DaemonSet>::namespaced(client.clone(), driver_ns),
+        &daemon_daemonset(&cd, driver_ns, &ctx.daemon)?,
+    )
+    .await?;
+
+    let pods = Api::<Pod>::namespaced(client.clone(), driver_ns)
+        .list(&ListParams::default().labels(&format!("{COMPUTE_DOMAIN_NODE_LABEL}={uid}")))
+        .await?;
+    let previous = cd.status.as_ref().map_or(&[][..], |s| s.nodes.as_slice());
+    let status = aggregate(previous, &pods.items, cd.spec.num_nodes);
+    let ready = status.status == DomainStatus::Ready;
+    let body =
+        json!({ "apiVersion": CONFIG_API_VERSION, "kind": "ComputeDomain", "status": status });
+    api.patch_status(&cd.name_any(), &params(), &Patch::Apply(body))
+        .await?;
+    Ok(Action::requeue(if ready { RESYNC } else { STATUS_SYNC }))
+}
+
+/// Pure: how long to wait after a failure. Objects that cannot be built wait longer than API trouble.
+pub fn error_policy(_cd: Arc<ComputeDomain>, err: &Error, ctx: Arc<Ctx>) -> Action {
+    ctx.metrics.reconcile.failure(CONTROLLER, err);
+    match err {
+        Error::MissingField(_) | Error::Serialize(_) => Action::requeue(RESYNC),
+        _ => Action::requeue(Duration::from_secs(15)),
+    }
+}
+
+/// Workload template first (no new channel claims), then the daemons (foreground, so their claims are
+/// unprepared while the plugin still runs), their template, and the node labels. `Some(what)` while a
+/// step is still in progress.
+async fn teardown(cd: &ComputeDomain, ctx: &Ctx) -> Result<Option<&'static str>> {
+    let client = &ctx.client;
+    let driver_ns = ctx.namespace.as_str();
+    let uid = domain_uid(cd)?;
+    let name = daemon_name(&uid);
+    let workload: Api<ResourceClaimTemplate> =
+        Api::namespaced(client.clone(), &domain_namespace(cd)?);
+    if delete_background(&workload, &cd.spec.channel.resource_claim_template.name).await? {
+        return Ok(Some("workload ResourceClaimTemplate"));
+    }
+    if delete(
+        &Api::<DaemonSet>::namespaced(client.clone(), driver_ns),
+        &name,
+    )
+    .await?
+    {
+        return Ok(Some("daemon DaemonSet"));
+    }
+    if delete_background(
+        &Api::<ResourceClaimTemplate>::namespaced(client.clone(), driver_ns),
+        &name,
+    )
+    .await?
+    {
+        return Ok(Some("daemon ResourceClaimTemplate"));
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let labelled = nodes
+        .list(&ListParams::default().labels(&format!("{COMPUTE_DOMAIN_NODE_LABEL}={uid}")))
+        .await?;
+    for node in labelled.items {
+        let patch = json!({ "metadata": { "labels": { COMPUTE_DOMAIN_NODE_LABEL: null } } });
+        nodes
+            .patch(
+                &node.name_any(),
+                &PatchParams::default(),
+                &Patch::Merge(patch),
+            )
+            .await?;
+    }
+    Ok(None)
+}
+
+/// Watch mapper: the domain a daemon DaemonSet or pod belongs to, from its annotations.
+pub fn domain_of<K: Resource>(obj: &K) -> Option<ObjectRef<ComputeDomain>> {
+    let a = obj.meta().annotations.as_ref()?;
+    let ns = a.get(DOMAIN_NAMESPACE_ANNOTATION)?;
+    let name = a.get(DOMAIN_NAME_ANNOTATION)?;
+    Some(ObjectRef::new(name).within(ns))
+}
