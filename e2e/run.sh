@@ -9,8 +9,14 @@
 #                               until Ctrl-C.
 #   bash e2e/run.sh --up        only start the cluster and keep it up (no tests).
 #
-# Environment: E2E_KEEP_WORKDIR=1 (keep the work dir with all logs after a passing run), E2E_PLUGIN_BIN (use this dra-plugin binary instead of building it), E2E_CACHE (binary cache, default ~/.cache/gpu-dra-e2e), E2E_LOGS (where logs of a failed
-# run are kept, default /tmp/gpu-dra-e2e-logs), CARGO_PROFILE_FLAGS (e.g. --release).
+# Environment:
+#   E2E_TEST_TARGETS   cargo target selection, default --tests (every tests/*.rs of the e2e crate),
+#                      e.g. "--test scenarios"
+#   E2E_PLUGIN_BIN     use this dra-plugin binary instead of building it
+#   E2E_KEEP_WORKDIR=1 keep the work dir (all logs) after a passing run too
+#   E2E_CACHE          control-plane binary cache (default ~/.cache/gpu-dra-e2e)
+#   E2E_LOGS           where a failed run's work dir is kept (default /tmp/gpu-dra-e2e-logs)
+#   CARGO_PROFILE_FLAGS e.g. --release
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -39,8 +45,11 @@ else
   cargo build ${CARGO_PROFILE_FLAGS:-} -p dra-plugin
   PLUGIN_BIN="$TARGET_DIR/$PROFILE_DIR/dra-plugin"
 fi
+# Every test target of the e2e crate by default (tests/*.rs); E2E_TEST_TARGETS="--test scenarios"
+# narrows it to one file.
+TARGETS="${E2E_TEST_TARGETS:---tests}"
 # shellcheck disable=SC2086
-cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --no-run
+cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e $TARGETS --no-run
 echo "   ($(( SECONDS - bstart ))s)"
 
 # shellcheck source=controlplane/cluster.sh
@@ -92,9 +101,10 @@ export E2E_REPO_ROOT="$ROOT"
 if ! $UP_ONLY; then
   echo "== scenarios ${FILTER:+(filter: $FILTER)}"
   sstart=$SECONDS
-  # One test binary, scenarios in order, one at a time: they share the cluster and the 2 cores.
+  # Scenarios one at a time (they share the cluster and the 2 cores); every test file runs even
+  # when an earlier one failed.
   # shellcheck disable=SC2086
-  cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e --test scenarios -- --test-threads=1 --nocapture ${FILTER:+"$FILTER"} \
+  cargo test ${CARGO_PROFILE_FLAGS:-} -p e2e $TARGETS --no-fail-fast -- --test-threads=1 --nocapture ${FILTER:+"$FILTER"} \
     2>&1 | tee "$WORK/scenarios.log"
   echo "== scenarios took $(( SECONDS - sstart ))s"
 fi
