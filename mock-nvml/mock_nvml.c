@@ -2,24 +2,29 @@
  *
  * It exports the NVML entry points the plugin's NVML backend (through nvml-wrapper) calls, with
  * NVML's ABI, and answers from a node description generated from our hardware profiles
- * (gpu-dra-api/data/gpus.yaml; see harness.rs for the generator and the file format):
+ * (gpu-dra-api/data/gpus.yaml; harness.rs generates it and documents the format). The node
+ * description is `mock-nvml.conf` next to the library itself (so a driver root is self-contained
+ * and several copies can live in one process), or the file MOCK_NVML_CONFIG names. Without one,
+ * init fails like on a node whose driver is not loaded. Optional lines of the description (each
+ * also settable by an environment variable of the same name in capitals, MOCK_NVML_STATE, ...):
  *
- *   MOCK_NVML_CONFIG   the node description (required; without it init fails like a node
- *                      whose driver is not loaded)
- *   MOCK_NVML_STATE    optional file holding MIG mode and MIG instances, shared (under flock) by
- *                      every process loading the mock with the same path
- *   MOCK_NVML_EVENTS   optional file of injected events, one a line, appended by tests:
+ *   state <path>       file holding MIG mode and MIG instances, shared (under flock) by every
+ *                      process loading the mock with the same path
+ *   events <path>      file of injected events, one a line, appended by tests:
  *                        xid <minor> <code> [<gi> <ci>]   critical XID error
  *                        sbe <minor> / dbe <minor>        single-/double-bit ECC error
  *                        lost <minor>                     the GPU fell off the bus
- *   MOCK_NVML_FAIL_INIT_WHILE  a path: while it exists, init fails with DRIVER_NOT_LOADED
+ *   fail_init_while <path>   while that file exists, init fails with DRIVER_NOT_LOADED
  *
  * MIG semantics follow the hardware: GPU instances only at the profile's possible placements,
  * overlapping memory slices, exhausted compute slices and per-profile instance limits are refused
  * with INSUFFICIENT_RESOURCES, a GPU instance with compute instances cannot be destroyed, and MIG
  * mode cannot be disabled while instances exist. */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
+#include <libgen.h>
+#include <limits.h>
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -105,6 +110,24 @@ static int cuda_version = 13000;
 static struct gpu *gpus;
 static unsigned ngpus;
 static int state_fd = -1;
+static char state_path[PATH_MAX], events_path[PATH_MAX], fail_init_path[PATH_MAX];
+
+static const char *opt(const char *p) { return p[0] ? p : NULL; }
+
+/* mock-nvml.conf in the directory this library was loaded from. */
+static int config_path(char *out, size_t n) {
+    const char *env = getenv("MOCK_NVML_CONFIG");
+    if (env) {
+        snprintf(out, n, "%s", env);
+        return 0;
+    }
+    Dl_info info;
+    if (!dladdr((void *)&config_path, &info) || !info.dli_fname) return -1;
+    char self[PATH_MAX];
+    snprintf(self, sizeof self, "%s", info.dli_fname);
+    snprintf(out, n, "%s/mock-nvml.conf", dirname(self));
+    return 0;
+}
 
 /* ---------- configuration ---------- */
 
@@ -135,8 +158,8 @@ static nvmlReturn_t gi_create(struct gpu *g, struct profile *p, unsigned start, 
 static nvmlReturn_t ci_create(struct gi *gi, unsigned ci_profile, struct ci **out);
 
 static int load_config(void) {
-    const char *path = getenv("MOCK_NVML_CONFIG");
-    if (!path) return -1;
+    char path[PATH_MAX];
+    if (config_path(path, sizeof path) != 0) return -1;
     FILE *f = fopen(path, "r");
     if (!f) return -1;
     gpus = calloc(MAX_GPUS, sizeof(struct gpu));
@@ -145,6 +168,7 @@ static int load_config(void) {
         return -1;
     }
     ngpus = 0;
+    int needs_reset_default = 0;
     char line[512];
     int ok = 1;
     while (ok && fgets(line, sizeof line, f)) {
@@ -153,6 +177,9 @@ static int load_config(void) {
         if (line[0] == '#' || line[0] == '\n') continue;
         if (sscanf(line, "driver %79s", driver_version) == 1) continue;
         if (sscanf(line, "cuda %d", &cuda_version) == 1) continue;
+        if (sscanf(line, "state %4095s", state_path) == 1) continue;
+        if (sscanf(line, "events %4095s", events_path) == 1) continue;
+        if (sscanf(line, "fail_init_while %4095s", fail_init_path) == 1) continue;
         if (!strncmp(line, "gpu ", 4)) {
             if (ngpus == MAX_GPUS) {
                 ok = 0;
@@ -172,6 +199,7 @@ static int load_config(void) {
                 break;
             }
             g->mig_pend = g->mig_cur;
+            g->mig_needs_reset = needs_reset_default;
             rest_of_line(g->name, sizeof g->name, line + n);
             for (unsigned i = 0; i < MAX_GI; i++) {
                 g->gi[i].tag = TAG_GI;
@@ -186,6 +214,12 @@ static int load_config(void) {
                 }
             }
             ngpus++;
+            continue;
+        }
+        if (sscanf(line, "mig_needs_reset %d", &n) == 1) {
+            /* Before any gpu line: every GPU; after one: that GPU. */
+            if (g) g->mig_needs_reset = n;
+            else needs_reset_default = n;
             continue;
         }
         if (!g) {
@@ -225,7 +259,6 @@ static int load_config(void) {
             p->nplace++;
             continue;
         }
-        if (sscanf(line, "mig_needs_reset %d", &g->mig_needs_reset) == 1) continue;
         if (sscanf(line, "gi %u %u", &id, &start) == 2) {
             /* A MIG device that exists at start (static layout): GPU instance + full CI. */
             struct profile *p = profile_by_id(g, id);
@@ -251,6 +284,11 @@ static int load_config(void) {
         ok = 0;
     }
     fclose(f);
+    const char *env;
+    if ((env = getenv("MOCK_NVML_STATE"))) snprintf(state_path, sizeof state_path, "%s", env);
+    if ((env = getenv("MOCK_NVML_EVENTS"))) snprintf(events_path, sizeof events_path, "%s", env);
+    if ((env = getenv("MOCK_NVML_FAIL_INIT_WHILE")))
+        snprintf(fail_init_path, sizeof fail_init_path, "%s", env);
     if (!ok) {
         fprintf(stderr, "mock-nvml: %s: cannot parse line: %s", path, line);
         free(gpus);
@@ -344,7 +382,7 @@ static void save_state(void) {
 
 /* Lost GPUs are announced in the events file, so every process sees them. */
 static void refresh_lost(void) {
-    const char *path = getenv("MOCK_NVML_EVENTS");
+    const char *path = opt(events_path);
     if (!path) return;
     FILE *f = fopen(path, "r");
     if (!f) return;
@@ -368,7 +406,7 @@ static nvmlReturn_t begin(int mode) {
     }
     refresh_lost();
     if (mode != READ_FACTS) {
-        const char *path = getenv("MOCK_NVML_STATE");
+        const char *path = opt(state_path);
         if (path) {
             state_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
             if (state_fd >= 0) {
@@ -441,8 +479,6 @@ static nvmlReturn_t copy_str(char *dst, unsigned len, const char *src) {
 /* ---------- library and system ---------- */
 
 static nvmlReturn_t do_init(void) {
-    const char *gate = getenv("MOCK_NVML_FAIL_INIT_WHILE");
-    if (gate && access(gate, F_OK) == 0) return NVML_ERROR_DRIVER_NOT_LOADED;
     pthread_mutex_lock(&mu);
     if (!loaded) {
         if (load_config() != 0) {
@@ -451,7 +487,7 @@ static nvmlReturn_t do_init(void) {
         }
         loaded = 1;
         /* The state file starts from the config's MIG devices the first time. */
-        const char *path = getenv("MOCK_NVML_STATE");
+        const char *path = opt(state_path);
         if (path && (state_fd = open(path, O_RDWR | O_CREAT | O_CLOEXEC, 0644)) >= 0) {
             flock(state_fd, LOCK_EX);
             struct stat st;
@@ -460,6 +496,10 @@ static nvmlReturn_t do_init(void) {
             close(state_fd);
             state_fd = -1;
         }
+    }
+    if (opt(fail_init_path) && access(fail_init_path, F_OK) == 0) {
+        pthread_mutex_unlock(&mu);
+        return NVML_ERROR_DRIVER_NOT_LOADED;
     }
     init_count++;
     pthread_mutex_unlock(&mu);
@@ -1163,7 +1203,7 @@ API nvmlReturn_t nvmlDeviceGetComputeInstanceId(nvmlDevice_t device, unsigned in
     (nvmlEventTypeSingleBitEccError | nvmlEventTypeDoubleBitEccError | nvmlEventTypeXidCriticalError)
 
 static long events_size(void) {
-    const char *path = getenv("MOCK_NVML_EVENTS");
+    const char *path = opt(events_path);
     struct stat st;
     if (!path || stat(path, &st) != 0) return 0;
     return (long)st.st_size;
@@ -1210,7 +1250,7 @@ API nvmlReturn_t nvmlDeviceRegisterEvents(nvmlDevice_t device, unsigned long lon
 
 /* One pass over the events appended since the set's offset; 1 when an event was delivered. */
 static int next_event(struct evset *s, nvmlEventData_t *data, nvmlReturn_t *ret) {
-    const char *path = getenv("MOCK_NVML_EVENTS");
+    const char *path = opt(events_path);
     if (!path) return 0;
     FILE *f = fopen(path, "r");
     if (!f) return 0;

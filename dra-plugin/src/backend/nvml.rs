@@ -252,6 +252,56 @@ fn ci_profile_for(slices: u32) -> Option<u32> {
     })
 }
 
+/// Why a GPU instance does not fit next to `existing`, in the simulated backend's words.
+fn why_no_room(
+    existing: &[MigDevice],
+    profiles: &[NvmlProfile],
+    profile: &MigProfile,
+    start: u32,
+) -> Option<String> {
+    let size = profile.memory_slices;
+    let wanted = start..start + size;
+    if let Some(c) = existing.iter().find(|d| {
+        let other = d.placement_start..d.placement_start + d.placement_size;
+        wanted.start < other.end && other.start < wanted.end
+    }) {
+        return Some(format!(
+            "insufficient resources: placement {start}+{size} overlaps {} at {}",
+            c.profile, c.placement_start
+        ));
+    }
+    let same = existing
+        .iter()
+        .filter(|d| d.gi_profile_id == profile.gi_profile_id)
+        .count() as u32;
+    if same >= profile.max_instances {
+        return Some(format!(
+            "insufficient resources: {} allows {} instances per GPU",
+            profile.name, profile.max_instances
+        ));
+    }
+    let slices_of = |id: u32| {
+        profiles
+            .iter()
+            .find(|p| p.profile.gi_profile_id == id)
+            .map_or(0, |p| p.profile.compute_slices)
+    };
+    let used: u32 = existing.iter().map(|d| slices_of(d.gi_profile_id)).sum();
+    let total = profiles
+        .iter()
+        .map(|p| p.profile.compute_slices)
+        .max()
+        .unwrap_or(0);
+    (used + profile.compute_slices > total).then(|| {
+        format!(
+            "insufficient resources: {} needs {} compute slices, {} of {total} are free",
+            profile.name,
+            profile.compute_slices,
+            total.saturating_sub(used)
+        )
+    })
+}
+
 /// A GPU-instance profile as NVML reports it.
 #[derive(Debug, Clone)]
 struct NvmlProfile {
@@ -388,6 +438,9 @@ impl Session {
         // SAFETY: a valid handle and an out-struct of the declared version.
         Status::ok(unsafe { f(g.handle.0, &mut mode) }).ok()?;
         match mode.value {
+            sys::nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_NONE => {
+                Some("None".into())
+            }
             sys::nvmlDeviceAddressingModeType_t_NVML_DEVICE_ADDRESSING_MODE_HMM => {
                 Some("HMM".into())
             }
@@ -753,6 +806,29 @@ impl Session {
         }
     }
 
+    /// Dynamic MIG: MIG mode goes off again with the last instance, so the whole GPU can be
+    /// handed out (the simulated backend does the same).
+    fn leave_mig_mode_if_unused(
+        &self,
+        g: &CachedGpu,
+        model: Option<&GpuModel>,
+    ) -> Result<(), Error> {
+        let profiles = self.gi_profiles(g, model)?;
+        for p in &profiles {
+            if !self.gpu_instances(g, &p.profile)?.is_empty() {
+                return Ok(());
+            }
+        }
+        let f = func(&self.lib().nvmlDeviceSetMigMode, "nvmlDeviceSetMigMode")?;
+        let mut activation: sys::nvmlReturn_t = 0;
+        // SAFETY: valid handle and out-pointer.
+        match Status::ok(unsafe { f(g.handle.0, sys::NVML_DEVICE_MIG_DISABLE, &mut activation) }) {
+            Ok(()) => info!(gpu = g.minor, "MIG mode off: no MIG devices left"),
+            Err(st) => warn!(gpu = g.minor, error = %st, "could not leave MIG mode"),
+        }
+        Ok(())
+    }
+
     /// The full-size compute instance profile of a GPU instance: (NVML CI profile id).
     fn full_ci_profile(&self, gi: sys::nvmlGpuInstance_t, slices: u32) -> Result<u32, Error> {
         let index = ci_profile_for(slices).ok_or_else(|| {
@@ -922,27 +998,19 @@ impl DeviceBackend for NvmlBackend {
                 let r =
                     Status::ok(unsafe { create(g.handle.0, gi_profile_id, &placement, &mut gi) });
                 if let Err(st) = r {
-                    let wanted = placement_start..placement_start + size;
-                    let clash = s.mig_devices(g, &profiles).ok().and_then(|ds| {
-                        ds.into_iter().find(|d| {
-                            let other = d.placement_start..d.placement_start + d.placement_size;
-                            wanted.start < other.end && other.start < wanted.end
-                        })
-                    });
-                    return Err(Error::Device(match clash {
-                        Some(c)
-                            if st.is(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES) =>
-                        {
-                            format!(
-                                "insufficient resources: placement {placement_start}+{size} overlaps {} at {}",
-                                c.profile, c.placement_start
-                            )
-                        }
-                        _ => format!(
+                    let why = if st.is(sys::nvmlReturn_enum_NVML_ERROR_INSUFFICIENT_RESOURCES) {
+                        s.mig_devices(g, &profiles)
+                            .ok()
+                            .and_then(|ds| why_no_room(&ds, &profiles, profile, placement_start))
+                    } else {
+                        None
+                    };
+                    return Err(Error::Device(why.unwrap_or_else(|| {
+                        format!(
                             "NVML creating {} at {placement_start} on gpu-{parent_minor}: {st}",
                             profile.name
-                        ),
-                    }));
+                        )
+                    })));
                 }
                 let mut info: sys::nvmlGpuInstanceInfo_t = unsafe { std::mem::zeroed() };
                 let get_info = func(&s.lib().nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")?;
@@ -1018,6 +1086,9 @@ impl DeviceBackend for NvmlBackend {
                 })?;
                 info!(gpu = parent_minor, profile = %profile.name, start = placement_start, gi = inst.gi_id, "destroyed MIG device");
             }
+        }
+        if self.opts.enable_mig_mode {
+            s.leave_mig_mode_if_unused(g, model)?;
         }
         Ok(())
     }
