@@ -96,6 +96,10 @@ pub struct RunArgs {
     /// File holding the kernel boot ID (tests point this elsewhere).
     #[arg(long, default_value = "/proc/sys/kernel/random/boot_id")]
     pub boot_id_file: PathBuf,
+    /// With NVMLDeviceHealthCheck: how long a GPU must stay fault-free, after reporting healthy
+    /// again, before its taints are lifted.
+    #[arg(long, env = "HEALTH_HOLD_DOWN_SECONDS", default_value_t = 300)]
+    pub health_hold_down_seconds: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

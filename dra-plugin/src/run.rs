@@ -1,7 +1,7 @@
 //! Wiring: backend, checkpoint, gRPC servers, publisher, cleanup, metrics, shutdown.
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -10,25 +10,31 @@ use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::simulated::{GpuGroup, HardwareFile};
 use gpu_dra_api::slices::{SliceOptions, TaintMap, build_pool, to_resource_slices};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kubelet_proto::{dra_v1, dra_v1beta1, registration};
+use kubelet_proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
-use crate::backend::DeviceBackend;
 use crate::backend::nvml::NvmlBackend;
 use crate::backend::simulated::SimulatedBackend;
+use crate::backend::{DeviceBackend, HealthEvent};
 use crate::cli::{Backend, DeviceArgs, Output, RunArgs, SlicesArgs};
 use crate::core::ClaimSource;
 use crate::core::cdi::CdiStore;
 use crate::core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
+use crate::core::health::HealthTracker;
 use crate::core::state::DeviceState;
 use crate::grpc::dra::{DraService, DraServiceV1beta1};
+use crate::grpc::health::HealthService;
 use crate::grpc::registration::RegistrationService;
 use crate::kube::claims::{ApiClaims, FileClaims};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
 use crate::metrics::Metrics;
 
-pub fn build_backend(args: &DeviceArgs) -> anyhow::Result<Arc<dyn DeviceBackend>> {
+/// The device backend; `health_file` is where a simulated node takes injected health events.
+pub fn build_backend(
+    args: &DeviceArgs,
+    health_file: Option<std::path::PathBuf>,
+) -> anyhow::Result<Arc<dyn DeviceBackend>> {
     Ok(match args.backend {
         Backend::Simulated => {
             let (groups, default_layout) = match &args.hardware_file {
@@ -52,11 +58,11 @@ pub fn build_backend(args: &DeviceArgs) -> anyhow::Result<Arc<dyn DeviceBackend>
             } else {
                 default_layout
             };
-            Arc::new(SimulatedBackend::new(
-                &args.node_name,
-                &groups,
-                layout.as_deref(),
-            )?)
+            let sim = SimulatedBackend::new(&args.node_name, &groups, layout.as_deref())?;
+            Arc::new(match health_file {
+                Some(path) => sim.with_health_file(path),
+                None => sim,
+            })
         }
         Backend::Nvml => Arc::new(NvmlBackend::new(args.driver_root.clone())?),
     })
@@ -65,7 +71,7 @@ pub fn build_backend(args: &DeviceArgs) -> anyhow::Result<Arc<dyn DeviceBackend>
 /// `dra-plugin slices`: what this node would publish.
 pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
     let gates = FeatureGates::parse(&args.device.feature_gates)?;
-    let backend = build_backend(&args.device)?;
+    let backend = build_backend(&args.device, None)?;
     let inv = backend.discover()?;
     let minor: u32 = args
         .kubernetes_version
@@ -177,7 +183,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     let dev = &args.device;
     let gates = FeatureGates::parse(&dev.feature_gates)?;
     let metrics = Arc::new(Metrics::new());
-    let backend = build_backend(dev)?;
+    let backend = build_backend(dev, Some(args.plugin_dir.join("simulated-health-events")))?;
     info!(backend = backend.kind(), node = %dev.node_name, gates = %gates, "starting");
 
     let client = match &args.offline_claims_dir {
@@ -276,6 +282,13 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         .registrar_dir
         .join(format!("{}-reg.sock", dev.driver_name));
     let service = DraService::new(state.clone(), claims, metrics.clone());
+    let health_enabled = gates.enabled("NVMLDeviceHealthCheck");
+    let tracker = Arc::new(Mutex::new(HealthTracker::new(Duration::from_secs(
+        args.health_hold_down_seconds,
+    ))));
+    let (health_changed_tx, health_changed) = watch::channel(0u64);
+    let health_service = health_enabled
+        .then(|| HealthService::new(state.clone(), tracker.clone(), health_changed.clone()));
     let (dra_incoming, dra_guard) = crate::grpc::server::bind(&dra_path)?;
     let dra_server = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -286,9 +299,22 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
                 DraServiceV1beta1(service),
             ))
+            .add_optional_service(
+                health_service
+                    .clone()
+                    .map(health_v1::dra_resource_health_server::DraResourceHealthServer::new),
+            )
+            .add_optional_service(
+                health_service
+                    .map(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new),
+            )
             .serve_with_incoming_shutdown(dra_incoming, wait(shutdown))
     });
-    let registration = RegistrationService::new(&dev.driver_name, &dra_path.to_string_lossy());
+    let registration = RegistrationService::new(
+        &dev.driver_name,
+        &dra_path.to_string_lossy(),
+        health_enabled,
+    );
     let (reg_incoming, reg_guard) = crate::grpc::server::bind(&reg_path)?;
     let reg_server = tokio::spawn({
         let shutdown = shutdown.clone();
@@ -309,20 +335,33 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         spawn_health(args.healthcheck_port, reg_path.clone(), shutdown.clone()).await?;
     }
 
+    let opts = SliceOptions {
+        driver: dev.driver_name.clone(),
+        node_name: dev.node_name.clone(),
+        dynamic_mig: gates.dynamic_mig(),
+        split_counters: match &client {
+            Some(c) => cluster_splits_counters(c).await,
+            None => true,
+        },
+    };
+    let untainted = build_pool(&inventory, &opts, &TaintMap::new());
+    let (contents_tx, contents_rx) = watch::channel(untainted.clone());
     if let Some(client) = client.clone() {
-        let opts = SliceOptions {
-            driver: dev.driver_name.clone(),
-            node_name: dev.node_name.clone(),
-            dynamic_mig: gates.dynamic_mig(),
-            split_counters: cluster_splits_counters(&client).await,
-        };
-        let contents = build_pool(&inventory, &opts, &TaintMap::new());
-        let (_contents_tx, contents_rx) = watch::channel(contents);
-        let publisher = Publisher::new(client.clone(), opts, metrics.clone());
+        let publisher = Publisher::new(client.clone(), opts.clone(), metrics.clone());
         tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
         tokio::spawn(cleanup_loop(client, state.clone(), shutdown.clone()));
-        // Keep the sender alive for the process lifetime: health (taints) will update it.
-        std::mem::forget(_contents_tx);
+    }
+    if health_enabled {
+        let publish = move |t: &HealthTracker| {
+            let _ = contents_tx.send(build_pool(&inventory, &opts, &t.taint_map(&untainted)));
+        };
+        spawn_health_monitor(
+            backend.clone(),
+            tracker,
+            health_changed_tx,
+            publish,
+            shutdown.clone(),
+        );
     }
 
     wait(shutdown).await;
@@ -366,6 +405,60 @@ async fn spawn_health(
         }
     });
     Ok(())
+}
+
+/// Feeds the backend's health events into the tracker; on every change republishes the slices
+/// with taints and wakes the kubelet health streams. Faults are also expired once a second.
+fn spawn_health_monitor(
+    backend: Arc<dyn DeviceBackend>,
+    tracker: Arc<Mutex<HealthTracker>>,
+    changed: watch::Sender<u64>,
+    publish: impl Fn(&HealthTracker) + Send + 'static,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<HealthEvent>>(16);
+    let stop = shutdown.clone();
+    std::thread::Builder::new()
+        .name("health-events".into())
+        .spawn(move || {
+            while !*stop.borrow() {
+                match backend.health_events(Duration::from_secs(1)) {
+                    Ok(events) if events.is_empty() => {}
+                    Ok(events) => {
+                        if tx.blocking_send(events).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) => {
+                        warn!(error = %e, "reading health events failed");
+                        std::thread::sleep(Duration::from_secs(5));
+                    }
+                }
+            }
+        })
+        .expect("spawning the health thread");
+    tokio::spawn(async move {
+        let mut shutdown = shutdown;
+        loop {
+            let events = tokio::select! {
+                e = rx.recv() => match e { Some(e) => e, None => return },
+                _ = tokio::time::sleep(Duration::from_secs(1)) => Vec::new(),
+                _ = shutdown.changed() => return,
+            };
+            let now = std::time::SystemTime::now();
+            let mut t = tracker.lock().expect("health lock");
+            let mut dirty = t.expire(now);
+            for ev in &events {
+                warn!(gpu = ev.minor, uuid = %ev.uuid, kind = ?ev.kind, "GPU health event");
+                dirty |= t.apply(ev, now);
+            }
+            if dirty {
+                publish(&t);
+                drop(t);
+                changed.send_modify(|n| *n += 1);
+            }
+        }
+    });
 }
 
 /// Unprepares claims whose ResourceClaim is gone or was re-created: stale `PrepareStarted`

@@ -39,6 +39,7 @@ fn args(dir: &Path, gates: &str, layout: Option<&str>) -> RunArgs {
         healthcheck_port: 0,
         offline_claims_dir: Some(dir.join("claims")),
         boot_id_file: dir.join("boot_id"),
+        health_hold_down_seconds: 1,
     }
 }
 

@@ -3,6 +3,7 @@ pub mod cdi;
 pub mod checkpoint;
 pub mod configs;
 pub mod fsutil;
+pub mod health;
 pub mod state;
 pub mod types;
 

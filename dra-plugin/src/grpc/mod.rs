@@ -1,5 +1,6 @@
 //! The kubelet's gRPC protocols: registration, DRA v1/v1beta1, and serving them on Unix sockets.
 pub mod client;
 pub mod dra;
+pub mod health;
 pub mod registration;
 pub mod server;

@@ -17,12 +17,18 @@ pub struct RegistrationService {
 
 impl RegistrationService {
     /// `endpoint` is the absolute path of the DRA socket.
-    pub fn new(driver: &str, endpoint: &str) -> Self {
+    /// `health`: also advertise the resource health services (v1 preferred by 1.37+ kubelets).
+    pub fn new(driver: &str, endpoint: &str, health: bool) -> Self {
+        // DRA v1 first: the kubelet takes the first DRAPlugin entry it knows.
+        let mut versions: Vec<String> = vec![services::DRA_V1.into(), services::DRA_V1BETA1.into()];
+        if health {
+            versions.push(services::HEALTH_V1.into());
+            versions.push(services::HEALTH_V1ALPHA1.into());
+        }
         RegistrationService {
             driver: driver.into(),
             endpoint: endpoint.into(),
-            // v1 first: the kubelet takes the first entry it knows.
-            versions: vec![services::DRA_V1.into(), services::DRA_V1BETA1.into()],
+            versions,
             status: Arc::new(Mutex::new(None)),
         }
     }
