@@ -161,8 +161,17 @@ impl Env {
             started: Instant::now(),
         };
         let nss: Api<Namespace> = Api::all(env.client.clone());
-        if nss.get_opt(&ns).await?.is_some() {
-            bail!("namespace {ns} already exists (left over from an earlier run on this cluster?)");
+        if let Some(existing) = nss.get_opt(&ns).await? {
+            if existing.metadata.deletion_timestamp.is_none() {
+                bail!(
+                    "namespace {ns} already exists (left over from a failed run on this cluster?)"
+                );
+            }
+            // The same scenario ran just before on a kept cluster; its namespace is still going.
+            wait_until(&format!("namespace {ns} deleted"), WAIT, || async {
+                Ok(nss.get_opt(&ns).await?.is_none().then_some(()))
+            })
+            .await?;
         }
         nss.create(
             &PostParams::default(),
