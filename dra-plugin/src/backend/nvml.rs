@@ -1111,7 +1111,7 @@ impl DeviceBackend for NvmlBackend {
                     let Some(g) = s.gpus.iter().find(|g| g.handle.0 == data.device) else {
                         continue;
                     };
-                    let kind = match u64::from(data.eventType) {
+                    let kind = match data.eventType {
                         t if t == u64::from(sys::nvmlEventTypeXidCriticalError) => {
                             HealthEventKind::Xid(data.eventData)
                         }
