@@ -195,7 +195,11 @@ impl DeviceConfig {
     }
 
     /// Fills implied defaults so equal intents compare equal.
+    ///
+    /// TimeSlicing on a MIG device is accepted and does nothing (as NVIDIA's driver): MIG devices
+    /// have no time slice, so no `timeSlicingConfig` is filled in for them.
     pub fn normalize(&mut self) {
+        let mig = matches!(self, DeviceConfig::Mig(_));
         let sharing = match self {
             DeviceConfig::Gpu(c) => c.sharing.as_mut(),
             DeviceConfig::Mig(c) => c.sharing.as_mut(),
@@ -210,6 +214,7 @@ impl DeviceConfig {
         };
         if let Some(s) = sharing {
             match s.strategy {
+                SharingStrategy::TimeSlicing if mig => {}
                 SharingStrategy::TimeSlicing => {
                     s.time_slicing_config
                         .get_or_insert_with(Default::default)
@@ -431,5 +436,29 @@ mod tests {
         a.normalize();
         b.normalize();
         assert_eq!(a, b);
+    }
+
+    #[test]
+    fn time_slicing_on_mig_is_an_accepted_no_op_but_an_interval_is_refused() {
+        let on = gates("TimeSlicingSettings=true");
+        let mut c = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}), "p").unwrap();
+        c.normalize();
+        assert_eq!(c.sharing().unwrap().time_slicing_config, None);
+        c.validate(&on, "p").unwrap();
+        let mut c = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}), "p").unwrap();
+        c.normalize();
+        let e = c.validate(&on, "p").unwrap_err().to_string();
+        assert!(e.contains("p.sharing.timeSlicingConfig"), "{e}");
+        let mut gpu = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}), "p").unwrap();
+        gpu.normalize();
+        assert_eq!(
+            gpu.sharing()
+                .unwrap()
+                .time_slicing_config
+                .as_ref()
+                .unwrap()
+                .interval,
+            Some(TimeSliceInterval::Default)
+        );
     }
 }

@@ -70,11 +70,15 @@ pub struct Mount {
 }
 
 /// What the container needs for one allocated device.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DeviceEdits {
     pub device_name: String,
     pub uuid: String,
     pub device_nodes: Vec<String>,
+    /// `KEY=value` beyond `NVIDIA_VISIBLE_DEVICES` (sharing settings such as MPS).
+    pub env: Vec<String>,
+    /// Bind mounts (MPS pipe, log and shm directories).
+    pub mounts: Vec<Mount>,
 }
 
 /// `k8s.gpu.nvidia.com/claim=<claimUID>-<device>`.
@@ -130,16 +134,18 @@ impl CdiStore {
             .map(|e| CdiDevice {
                 name: format!("{claim_uid}-{}", e.device_name),
                 container_edits: ContainerEdits {
-                    env: vec![format!(
+                    env: std::iter::once(format!(
                         "NVIDIA_VISIBLE_DEVICES={}",
                         uuids_of_request(&e.device_name)
-                    )],
+                    ))
+                    .chain(e.env.iter().cloned())
+                    .collect(),
                     device_nodes: e
                         .device_nodes
                         .iter()
                         .map(|p| DeviceNode { path: p.clone() })
                         .collect(),
-                    mounts: Vec::new(),
+                    mounts: e.mounts.clone(),
                 },
             })
             .collect();
@@ -238,16 +244,24 @@ mod tests {
                 device_name: "gpu-0".into(),
                 uuid: "GPU-a".into(),
                 device_nodes: vec!["/dev/nvidia0".into()],
+                ..Default::default()
             },
             DeviceEdits {
                 device_name: "gpu-1".into(),
                 uuid: "GPU-b".into(),
                 device_nodes: vec!["/dev/nvidia1".into()],
+                env: vec!["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps".into()],
+                mounts: vec![Mount {
+                    host_path: "/plugin/mps/uid-1/pipe".into(),
+                    container_path: "/tmp/nvidia-mps".into(),
+                    options: vec!["rw".into(), "bind".into()],
+                }],
             },
             DeviceEdits {
                 device_name: "gpu-2".into(),
                 uuid: "GPU-c".into(),
                 device_nodes: vec!["/dev/nvidia2".into()],
+                ..Default::default()
             },
         ];
         let p = vec![
@@ -266,6 +280,19 @@ mod tests {
             spec.devices[2].container_edits.env,
             ["NVIDIA_VISIBLE_DEVICES=GPU-c"]
         );
+        assert_eq!(
+            spec.devices[1].container_edits.env,
+            [
+                "NVIDIA_VISIBLE_DEVICES=GPU-a,GPU-b",
+                "CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"
+            ],
+            "sharing env follows the visible devices"
+        );
+        assert_eq!(
+            spec.devices[1].container_edits.mounts[0].container_path,
+            "/tmp/nvidia-mps"
+        );
+        assert!(spec.devices[0].container_edits.mounts.is_empty());
         assert_eq!(
             spec.devices[1].container_edits.device_nodes,
             [DeviceNode {

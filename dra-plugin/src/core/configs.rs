@@ -16,6 +16,17 @@ pub fn resolve(
     configs: &[ConfigEntry],
     gates: &FeatureGates,
 ) -> Result<DeviceConfig, Error> {
+    resolve_with_source(device, kind, configs, gates).map(|(c, _)| c)
+}
+
+/// Like [`resolve`], also returning where the chosen config came from (its field path, or
+/// `built-in default`), for errors found later (e.g. an MPS limit naming a device the claim lacks).
+pub fn resolve_with_source(
+    device: &AllocatedDevice,
+    kind: DeviceKind,
+    configs: &[ConfigEntry],
+    gates: &FeatureGates,
+) -> Result<(DeviceConfig, String), Error> {
     let mut chosen = DeviceConfig::default_for(kind);
     let mut chosen_at = String::from("built-in default");
     for entry in configs {
@@ -47,7 +58,7 @@ pub fn resolve(
     }
     chosen.normalize();
     chosen.validate(gates, &chosen_at)?;
-    Ok(chosen)
+    Ok((chosen, chosen_at))
 }
 
 #[cfg(test)]
