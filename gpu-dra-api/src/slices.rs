@@ -2,8 +2,9 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    Counter, CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceCounterConsumption,
-    DeviceTaint, ResourcePool, ResourceSlice, ResourceSliceSpec,
+    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -110,6 +111,36 @@ pub fn build_pool(inv: &Inventory, opts: &SliceOptions, taints: &TaintMap) -> Ve
         slices.push(SliceContent::default());
     }
     slices
+}
+
+/// Consumable shares (feature gate `ConsumableShares`): every GPU and MIG device may be
+/// allocated to several claims at once (`allowMultipleAllocations`), each taking part of its
+/// `memory` through a request policy (steps of 1Mi, up to the memory rounded down to 1Mi; a
+/// request that names no memory takes 0). The scheduler does the memory accounting; prepare
+/// only checks that the sharing claims configure the device equally.
+///
+/// Applied to built slice contents so the fields of [`SliceOptions`] stay as they are.
+pub fn enable_consumable_shares(contents: &mut [SliceContent]) {
+    const MI: u64 = 1 << 20;
+    for d in contents.iter_mut().flat_map(|c| c.devices.iter_mut()) {
+        let Some(memory) = d.capacity.as_mut().and_then(|c| c.get_mut("memory")) else {
+            continue;
+        };
+        let Ok(total) = crate::quantity::parse_int(&memory.value.0) else {
+            continue;
+        };
+        let max = (u64::try_from(total).unwrap_or(u64::MAX) / MI) * MI;
+        memory.request_policy = Some(CapacityRequestPolicy {
+            default: Some(Quantity("0".into())),
+            valid_range: Some(CapacityRequestPolicyRange {
+                min: Quantity("0".into()),
+                max: Some(bytes(max)),
+                step: Some(Quantity("1Mi".into())),
+            }),
+            valid_values: None,
+        });
+        d.allow_multiple_allocations = Some(true);
+    }
 }
 
 fn device_limit(devices: &[Device], counters: bool) -> usize {

@@ -338,3 +338,64 @@ fn an_empty_node_still_publishes_one_empty_slice() {
     assert_eq!(rs[0].spec.devices.as_deref(), Some(&[][..]));
     assert_eq!(rs[0].spec.pool.generation, 3);
 }
+
+#[test]
+fn consumable_shares_let_gpu_and_mig_devices_be_shared_by_memory() {
+    let check = |slices: &[SliceContent], want_devices: usize| {
+        let devices = all_devices(slices);
+        assert_eq!(devices.len(), want_devices);
+        for d in devices {
+            assert_eq!(d.allow_multiple_allocations, Some(true), "{}", d.name);
+            let memory = &d.capacity.as_ref().unwrap()["memory"];
+            let policy = memory.request_policy.as_ref().expect("memory policy");
+            let range = policy.valid_range.as_ref().unwrap();
+            assert_eq!(range.step.as_ref().unwrap().0, "1Mi");
+            assert_eq!(range.min.0, "0");
+            assert_eq!(policy.default.as_ref().unwrap().0, "0");
+            let max = crate::quantity::parse_int(&range.max.as_ref().unwrap().0).unwrap();
+            let total = crate::quantity::parse_int(&memory.value.0).unwrap();
+            assert!(max <= total && total - max < 1 << 20 && max % (1 << 20) == 0);
+            let others: Vec<_> = d
+                .capacity
+                .as_ref()
+                .unwrap()
+                .iter()
+                .filter(|(k, c)| *k != "memory" && c.request_policy.is_some())
+                .collect();
+            assert!(others.is_empty(), "only memory is consumable: {others:?}");
+        }
+    };
+    let opts = SliceOptions::new("n1");
+    let mut whole = build_pool(&inv(&["h100-80gb:2"], None), &opts, &TaintMap::new());
+    let before = whole.clone();
+    enable_consumable_shares(&mut whole);
+    check(&whole, 2);
+    let max = &all_devices(&whole)[0].capacity.as_ref().unwrap()["memory"]
+        .request_policy
+        .as_ref()
+        .unwrap()
+        .valid_range
+        .as_ref()
+        .unwrap()
+        .max;
+    assert_eq!(
+        max.as_ref().unwrap().0,
+        all_devices(&before)[0].capacity.as_ref().unwrap()["memory"]
+            .value
+            .0,
+        "80GB memory is a whole number of MiB"
+    );
+    assert!(
+        all_devices(&before)
+            .iter()
+            .all(|d| d.allow_multiple_allocations.is_none()),
+        "off unless enabled"
+    );
+    let mut mig = build_pool(
+        &inv(&["a100-40gb:1"], Some("all-1g.5gb")),
+        &opts,
+        &TaintMap::new(),
+    );
+    enable_consumable_shares(&mut mig);
+    check(&mig, 7);
+}
