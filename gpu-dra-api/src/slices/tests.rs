@@ -354,7 +354,7 @@ fn consumable_shares_let_gpu_and_mig_devices_be_shared_by_memory() {
             assert_eq!(policy.default.as_ref().unwrap().0, "0");
             let max = crate::quantity::parse_int(&range.max.as_ref().unwrap().0).unwrap();
             let total = crate::quantity::parse_int(&memory.value.0).unwrap();
-            assert!(max <= total && total - max < 1 << 20 && max % (1 << 20) == 0);
+            assert!(max <= total && total - max < 1 << 20 && max.is_multiple_of(1 << 20));
             let others: Vec<_> = d
                 .capacity
                 .as_ref()
