@@ -89,6 +89,7 @@ struct gpu {
     unsigned long long mem;
     int numa, addr;
     int mig_capable, mig_needs_reset;
+    unsigned compute_mode;
     unsigned mig_cur, mig_pend, mem_slices, compute_slices;
     unsigned nprof;
     struct profile prof[MAX_PROFILES];
@@ -703,6 +704,22 @@ API nvmlReturn_t nvmlDeviceGetAddressingMode(nvmlDevice_t device, nvmlDeviceAddr
         return end(NVML_ERROR_ARGUMENT_VERSION_MISMATCH, 0);
     if (g->addr < 0) return end(NVML_ERROR_NOT_SUPPORTED, 0);
     mode->value = (unsigned)g->addr;
+    return end(NVML_SUCCESS, 0);
+}
+
+/* ---------- compute mode (not persisted: it resets with the driver, like the real one) ---------- */
+
+API nvmlReturn_t nvmlDeviceGetComputeMode(nvmlDevice_t device, unsigned int *mode) {
+    FACTS(device, g);
+    if (!mode) return end(NVML_ERROR_INVALID_ARGUMENT, 0);
+    *mode = g->compute_mode;
+    return end(NVML_SUCCESS, 0);
+}
+
+API nvmlReturn_t nvmlDeviceSetComputeMode(nvmlDevice_t device, unsigned int mode) {
+    FACTS(device, g);
+    if (mode > 3) return end(NVML_ERROR_INVALID_ARGUMENT, 0);
+    g->compute_mode = mode;
     return end(NVML_SUCCESS, 0);
 }
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use dra_plugin::backend::nvml::{NvmlBackend, NvmlOptions};
 use dra_plugin::backend::simulated::SimulatedBackend;
-use dra_plugin::backend::{DeviceBackend, HealthEventKind};
+use dra_plugin::backend::{ComputeMode, DeviceBackend, HealthEventKind};
 use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::profiles;
 use gpu_dra_api::simulated::{GpuGroup, simulate_node};
@@ -351,4 +351,36 @@ fn health_events_come_from_nvml() {
     );
     let e = b.discover().unwrap_err().to_string();
     assert!(e.contains("gpu-2") && e.contains("fell off the bus"), "{e}");
+}
+
+#[test]
+fn compute_mode_goes_through_nvml() {
+    if !can_build() {
+        return;
+    }
+    let inv = simulate_node("node-1", &[GpuGroup::parse("h100-80gb:2").unwrap()], None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = MockNode::new(dir.path(), &inv);
+    let b = nvml(&node);
+    use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
+    b.set_compute_mode(1, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    b.set_compute_mode(1, ComputeMode::ExclusiveProcess)
+        .unwrap();
+    // NVML's own view, through the same loaded library.
+    let lib = node.driver_root.join("usr/lib64/libnvidia-ml.so.1");
+    let direct = nvml_wrapper::Nvml::builder()
+        .lib_path(lib.as_os_str())
+        .init()
+        .unwrap();
+    let mode = |i| direct.device_by_index(i).unwrap().compute_mode().unwrap();
+    assert_eq!(mode(1), Nvml::ExclusiveProcess);
+    assert_eq!(mode(0), Nvml::Default);
+    b.set_compute_mode(1, ComputeMode::Default).unwrap();
+    assert_eq!(mode(1), Nvml::Default);
+    let e = b
+        .set_compute_mode(5, ComputeMode::ExclusiveProcess)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no GPU with minor 5"), "{e}");
 }

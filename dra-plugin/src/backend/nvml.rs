@@ -20,7 +20,7 @@ use nvml_wrapper::{Device, Nvml};
 use nvml_wrapper_sys::bindings as sys;
 use tracing::{info, warn};
 
-use super::{DeviceBackend, HealthEvent, HealthEventKind};
+use super::{ComputeMode, DeviceBackend, HealthEvent, HealthEventKind};
 use crate::Error;
 
 /// Where libnvidia-ml lives under a driver root, in the order tried.
@@ -1090,6 +1090,25 @@ impl DeviceBackend for NvmlBackend {
         if self.opts.enable_mig_mode {
             s.leave_mig_mode_if_unused(g, model)?;
         }
+        Ok(())
+    }
+
+    fn set_compute_mode(&self, gpu_minor: u32, mode: ComputeMode) -> Result<(), Error> {
+        use nvml_wrapper::enum_wrappers::device::ComputeMode as Nvml;
+        let s = self.session()?;
+        let g = s.gpu(gpu_minor)?;
+        let mut d = s.device(g);
+        let want = match mode {
+            ComputeMode::Default => Nvml::Default,
+            ComputeMode::ExclusiveProcess => Nvml::ExclusiveProcess,
+        };
+        if d.compute_mode().is_ok_and(|m| m == want) {
+            return Ok(());
+        }
+        d.set_compute_mode(want).map_err(dev_err(format_args!(
+            "setting compute mode {mode:?} on gpu-{gpu_minor}"
+        )))?;
+        info!(gpu = gpu_minor, ?mode, "compute mode set");
         Ok(())
     }
 
