@@ -54,6 +54,16 @@ fn covers(have: &serde_json::Value, want: &serde_json::Value) -> bool {
     }
 }
 
+/// `want` as JSON for [`covers`], with absent taints spelled as an empty list so that a lifted
+/// taint counts as a difference (an absent field would match anything).
+fn comparable(want: &k8s_openapi::api::resource::v1::ResourceSliceSpec) -> serde_json::Value {
+    let mut want = want.clone();
+    for d in want.devices.iter_mut().flatten() {
+        d.taints.get_or_insert_with(Vec::new);
+    }
+    serde_json::to_value(&want).unwrap_or_default()
+}
+
 impl Publisher {
     pub fn new(client: kube::Client, opts: SliceOptions, metrics: Arc<Metrics>) -> Self {
         Publisher {
@@ -108,7 +118,7 @@ impl Publisher {
                         && have.spec.pool.generation == max_gen
                         && covers(
                             &serde_json::to_value(&have.spec).unwrap_or_default(),
-                            &serde_json::to_value(&want.spec).unwrap_or_default(),
+                            &comparable(&want.spec),
                         )
                 })
             });
@@ -234,5 +244,35 @@ mod tests {
         assert!(!covers(&changed, &want));
         let fewer = json!({"driver": "d", "devices": []});
         assert!(!covers(&fewer, &want));
+    }
+
+    #[test]
+    fn a_lifted_taint_is_a_difference() {
+        use k8s_openapi::api::resource::v1::{Device, DeviceTaint, ResourceSliceSpec};
+        let mut spec = ResourceSliceSpec {
+            driver: "d".into(),
+            devices: Some(vec![Device {
+                name: "gpu-0".into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        };
+        let untainted = serde_json::to_value(&spec).unwrap();
+        assert!(
+            covers(&untainted, &super::comparable(&spec)),
+            "a server dropping the empty list is no drift"
+        );
+        spec.devices.as_mut().unwrap()[0].taints = Some(vec![DeviceTaint {
+            key: "k".into(),
+            value: None,
+            effect: "NoSchedule".into(),
+            time_added: None,
+        }]);
+        let tainted = serde_json::to_value(&spec).unwrap();
+        spec.devices.as_mut().unwrap()[0].taints = None;
+        assert!(
+            !covers(&tainted, &super::comparable(&spec)),
+            "the published taint must go"
+        );
     }
 }
