@@ -1,7 +1,19 @@
-//! Differential test: ≥2,000 random cases (CEL selectors over random devices, and allocations with
-//! firstAvailable / All / constraints / counters / taints / already-allocated claims) answered by
-//! our simulator and by the Go oracle built against k8s.io/dynamic-resource-allocation v0.37.2
-//! (e2e/oracle). Skips with a message when `go` is not installed.
+//! Differential test: 2,400 random allocation cases and 4,800 random CEL evaluations (seeded, so
+//! the same every run) answered by our simulator and by the Go oracle built against
+//! k8s.io/dynamic-resource-allocation v0.37.2 (e2e/oracle); answers must be identical.
+//!
+//! Allocation cases mix plain, partitionable (shared counters that run out) and consumable-capacity
+//! pools (allowMultipleAllocations with request policies, pre-existing shares), node selection of
+//! every kind, incomplete / obsolete / invalid pools, taints and tolerations, and pods of one or two
+//! claims with ExactCount / All / adminAccess / capacity requests / firstAvailable lists whose first
+//! entries are often too demanding, matchAttribute / distinctAttribute and config. Compared: status,
+//! every result (request, pool, device, adminAccess, share, consumed capacity, tolerations), config
+//! and node selector. A coverage check keeps the mix healthy (≥30% allocated, shares, fall-throughs).
+//!
+//! Known, documented differences, kept out of the grammar: the URL/IP/CIDR/format/authz CEL
+//! libraries are not implemented (see `sim/cel/mod.rs`); error texts are compared by kind only for
+//! CEL evaluations (runtime `no overload` details differ in wording).
+//! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
 use dra_controller::sim::alloc::{AllocatedState, Allocator, SimNode};
 use dra_controller::sim::cel;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -106,7 +118,7 @@ fn attr_ref(r: &mut Rng) -> (String, &'static str) {
 
 fn atom(r: &mut Rng) -> String {
     let (a, ty) = attr_ref(r);
-    match r.n(22) {
+    match r.n(25) {
         0..=5 => match ty {
             "s" => match r.n(5) {
                 0 => format!("{a} == \"{}\"", r.pick(MODELS)),
@@ -170,18 +182,88 @@ fn atom(r: &mut Rng) -> String {
         16 => format!("[1, 2, 3].exists(i, i == {})", r.n(5)),
         17 => format!("{a} + 1 > 2"),
         18 => format!("size({a}) > 3"),
+        19 if r.coin(50) => format!(
+            "{}(device.capacity[\"{DRV}\"].memory) {} 0",
+            r.pick(&["sign", "quantity"]),
+            r.pick(&[">", "=="])
+        ),
         19 => format!(
             "device.capacity[\"other.example.com\"].slots.asInteger() > {}",
             r.n(10)
+        ),
+        20 if r.coin(30) => format!(
+            "device.capacity[\"{DRV}\"].memory.{}",
+            r.pick(&[
+                "sign() == 1",
+                "add(1).sub(quantity(\"1\")).isInteger()",
+                "asApproximateFloat() > 1.0",
+                "add(quantity(\"1Ki\")).compareTo(quantity(\"2Ki\")) > 0"
+            ])
         ),
         20 => format!(
             "isQuantity(\"{}\") && isSemver(\"{}\")",
             r.pick(&["1Gi", "1GB", "1.5"]),
             r.pick(&["1.0.0", "v1.0.0", "1.0"])
         ),
+        21 => r.pick(LIBRARY).replace("$a", &a),
+        22 => format!(
+            "{a}.{}",
+            r.pick(&[
+                "charAt(0) == \"h\"",
+                "indexOf(\"1\") >= 0",
+                "upperAscii().endsWith(\"00\")",
+                "replace(\"-\", \"\").size() == 4",
+                "substring(1) != \"\"",
+                "trim() == \"l4\"",
+                "find(\"[0-9]+\") == \"100\"",
+                "findAll(\"[a-z]\").size() > 1",
+                "split(\"-\").join(\"+\") == \"H100+SXM\"",
+            ])
+        ),
         _ => format!("device.attributes[\"{DRV}\"].all(k, v, k != \"\")"),
     }
 }
+
+/// Library calls over literals and the device ($a is an attribute reference of any type).
+const LIBRARY: &[&str] = &[
+    "[3, 1, 2].sort() == [1, 2, 3]",
+    "[1, 2, 3].isSorted() && [1, 2].sum() == 3 && [4, 2].min() == 2 && [4, 2].max() == 4",
+    "[[1], [2, 3]].flatten().size() == 3",
+    "[1, 1, 2].distinct() == [1, 2]",
+    "lists.range(3).reverse().first().value() == 2",
+    "[1, 2, 3].slice(1, 2) == [2]",
+    "[1, 2, 3].last().hasValue()",
+    "[1, 2, 3].indexOf(2) == 1 && [1, 2, 2].lastIndexOf(2) == 2",
+    "sets.contains([1, 2, 3], [2]) && sets.intersects([1], [1, 4]) && !sets.equivalent([1], [2])",
+    "[1, 2, 3].existsOne(i, v, v == 2)",
+    "{'a': 1, 'b': 2}.exists(k, v, v > 1)",
+    "[1, 2].transformList(i, v, v * 2) == [2, 4]",
+    "{'a': 1}.transformMap(k, v, v + 1) == {'a': 2}",
+    "optional.of($a).hasValue()",
+    "optional.none().orValue(1) == 1",
+    "[1, 2].map(x, x * 2).filter(x, x > 2) == [4]",
+    "[1, 2].exists_one(x, x == 1)",
+    "'abc'.matches('^a') && 'x1y2'.findAll('[0-9]', 1) == ['1']",
+    "strings.quote('a') == '\"a\"'",
+    "'a,b'.split(',', 1).size() == 1 && 'abc'.lastIndexOf('c', 2) == 2",
+    "quantity('1Gi').add(quantity('1Gi')).isGreaterThan(quantity('2G'))",
+    "quantity('1.5').isInteger()",
+    "quantity('10').asInteger() == 10 && quantity('1k').asApproximateFloat() == 1000.0",
+    "semver('1.2.3').minor() == 2 && semver('1.2.3').patch() == 3",
+    "semver('01.2.3', true) == semver('1.2.3')",
+    "semver('1.2.3').compareTo(semver('1.10.0')) < 0",
+    "type($a) == string",
+    "$a == null",
+    "double($a) > 1.0",
+    "string($a).size() > 0",
+    "int('12') + $a > 0",
+    "[$a].all(x, x == $a)",
+    "{'k': $a}.k == $a",
+    "$a in [1, 'h100', true]",
+    "($a).?x.hasValue()",
+    "['a'].sortBy(x, x) == ['a']",
+    "'x'.includes('x')",
+];
 
 fn selector(r: &mut Rng, depth: usize) -> String {
     if depth == 0 || r.coin(45) {
@@ -214,111 +296,318 @@ fn eval_device(r: &mut Rng) -> J {
     json!({"Driver": DRV, "Attributes": rand_attrs(r), "Capacity": rand_caps(r), "AllowMultipleAllocations": r.coin(20)})
 }
 
-fn sel_list(r: &mut Rng, max: usize) -> J {
-    let n = r.n(max + 1);
+/// Selectors for claims and classes that mostly evaluate cleanly (guarded lookups), so that most
+/// cases reach the search; `risky` mixes in the full grammar (runtime errors included).
+fn safe_atom(r: &mut Rng) -> String {
+    let g = format!("device.attributes[\"{DRV}\"]");
+    let c = format!("device.capacity[\"{DRV}\"]");
+    match r.n(16) {
+        0 => format!("{g}.?model.orValue(\"\") == \"{}\"", r.pick(MODELS)),
+        1 => format!("{g}.?model.orValue(\"\") != \"{}\"", r.pick(MODELS)),
+        2 => format!(
+            "has({g}.cores) && {g}.cores {} {}",
+            r.pick(&[">", ">=", "<", "!="]),
+            r.n(40) as i64 - 8
+        ),
+        3 => format!(
+            "\"memory\" in {c} && {c}.memory.compareTo(quantity(\"{}\")) >= 0",
+            r.pick(&["10Gi", "20Gi", "40Gi", "1Ki"])
+        ),
+        4 => format!(
+            "{g}.?driverVersion.orValue(semver(\"0.0.1\")).isGreaterThan(semver(\"{}\"))",
+            r.pick(&["0.9.0", "1.0.0", "1.2.3"])
+        ),
+        5 => format!("{g}.?ecc.orValue({})", r.coin(50)),
+        6 => format!("device.driver == \"{DRV}\""),
+        7 => format!("device.allowMultipleAllocations == {}", r.coin(70)),
+        8 => format!(
+            "{g}.?model.orValue(\"x\").lowerAscii().startsWith(\"{}\")",
+            r.pick(&["h", "a", "l", "gpu"])
+        ),
+        9 => format!(
+            "device.attributes[\"other.example.com\"].?zone.orValue(\"z1\") == \"{}\"",
+            r.pick(&["z1", "z2"])
+        ),
+        10 => format!("cel.bind(a, {g}, a.?cores.orValue(0) + 8 >= {})", r.n(40)),
+        11 => format!(
+            "{g}.exists(k, k == \"{}\")",
+            r.pick(&["ecc", "model", "pcieRoot"])
+        ),
+        12 => format!("{g}.?model.orValue(\"\").matches(\"^[a-z]+[0-9]+$\")"),
+        13 => format!("{c}.all(k, v, sign(v) >= 0)"),
+        14 => "true".to_string(),
+        _ => format!(
+            "{g}.?pcieRoot.orValue(\"p0\") in [\"{}\", \"p9\"]",
+            r.pick(&["p0", "p1"])
+        ),
+    }
+}
+
+fn claim_selectors(r: &mut Rng, risky: bool) -> J {
+    let n = *r.pick(&[0, 0, 0, 0, 1, 1, 2]);
     J::Array(
         (0..n)
-            .map(|_| json!({"cel": {"expression": selector(r, 1)}}))
+            .map(|_| {
+                let e = if risky && r.coin(25) {
+                    selector(r, 1)
+                } else if r.coin(25) {
+                    format!("{} && {}", safe_atom(r), safe_atom(r))
+                } else {
+                    safe_atom(r)
+                };
+                json!({"cel": {"expression": e}})
+            })
             .collect(),
     )
 }
 
+fn classes() -> J {
+    let class = |name: &str, expr: String, config: bool| {
+        let mut spec = json!({"selectors": [{"cel": {"expression": expr}}]});
+        if config {
+            spec["config"] = json!([{"opaque": {"driver": DRV, "parameters": {"class": name}}}]);
+        }
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name}, "spec": spec})
+    };
+    json!([
+        class("gpu", format!("device.driver == \"{DRV}\""), false),
+        class(
+            "big",
+            format!("device.capacity[\"{DRV}\"].?memory.orValue(quantity(\"0\")).compareTo(quantity(\"40Gi\")) >= 0"),
+            true
+        ),
+        class(
+            "strict",
+            format!("device.attributes[\"{DRV}\"].cores > 8"),
+            false
+        ),
+        class("shared", "device.allowMultipleAllocations".to_string(), true),
+        class(
+            "fast",
+            format!("has(device.attributes[\"{DRV}\"].cores) && device.attributes[\"{DRV}\"].cores > 8"),
+            false
+        ),
+        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}}
+    ])
+}
+
+/// Node selection for a slice (or, with per-device selection, for a device).
+fn node_sel(r: &mut Rng, spec: &mut J, per_device_ok: bool) {
+    match r.n(if per_device_ok { 12 } else { 10 }) {
+        0..=4 => spec["nodeName"] = json!("node-a"),
+        5 => spec["nodeName"] = json!("node-b"),
+        6 | 7 => spec["allNodes"] = json!(true),
+        8 | 9 => {
+            spec["nodeSelector"] = json!({"nodeSelectorTerms": [{"matchExpressions": [
+                {"key": "zone", "operator": r.pick(&["In", "NotIn"]), "values": [r.pick(&["z1", "z2"])]}
+            ]}]})
+        }
+        _ => spec["perDeviceNodeSelection"] = json!(true),
+    }
+}
+
+fn capacity_policy(r: &mut Rng) -> J {
+    match r.n(4) {
+        0 => json!({"value": r.pick(&["40Gi", "80Gi"])}),
+        1 => json!({"value": "80Gi", "requestPolicy": {"default": "10Gi",
+            "validRange": {"min": "10Gi", "max": r.pick(&["40Gi", "80Gi"]), "step": r.pick(&["5Gi", "10Gi"])}}}),
+        2 => json!({"value": "80Gi", "requestPolicy": {"default": "20Gi",
+            "validValues": ["10Gi", "20Gi", "40Gi"]}}),
+        _ => {
+            json!({"value": r.pick(&["4", "8"]), "requestPolicy": {"default": "1", "validRange": {"min": "1"}}})
+        }
+    }
+}
+
 fn alloc_case(r: &mut Rng) -> J {
-    let classes = json!([
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "gpu"},
-         "spec": {"selectors": [{"cel": {"expression": format!("device.driver == \"{DRV}\"")}}]}},
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "big"},
-         "spec": {"selectors": [{"cel": {"expression": format!("device.capacity[\"{DRV}\"].?memory.orValue(quantity(\"0\")).compareTo(quantity(\"40Gi\")) >= 0")}}],
-                  "config": [{"opaque": {"driver": DRV, "parameters": {"k": "v"}}}]}},
-        {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "strict"},
-         "spec": {"selectors": [{"cel": {"expression": format!("device.attributes[\"{DRV}\"].cores > 8")}}]}}
-    ]);
+    // "risky" cases use the full selector grammar in claims (runtime errors are expected there);
+    // the others only guarded selectors, so that most of them reach the search.
+    let risky = r.coin(15);
     let mut slices = Vec::new();
-    let npools = 1 + r.n(2);
+    let npools = 1 + r.n(3);
+    // devices by pool, for pre-allocated claims
+    let mut known: Vec<(String, String, bool)> = Vec::new();
     for p in 0..npools {
         let pool = format!("pool-{p}");
-        let counters = r.coin(35);
+        // 0 plain, 1 partitionable (shared counters), 2 consumable capacity, 3 mixed
+        let kind = *r.pick(&[0, 0, 1, 1, 2, 2, 3]);
+        let counters = kind == 1 || (kind == 3 && r.coin(50));
+        let second_set = counters && r.coin(60);
+        // a few pools are invalid (duplicate device names or an unknown counter set)
+        let invalid = r.coin(3);
         let nslices = 1 + r.n(2);
-        let incomplete = r.coin(8);
+        let incomplete = r.coin(5);
         let generation = r.n(2) as i64;
-        let node = *r.pick(&["node-a", "node-a", "node-b", "*"]);
         let mut total = nslices + usize::from(counters);
         if incomplete {
             total += 1;
         }
+        let mut node_spec = json!({});
+        node_sel(r, &mut node_spec, true);
+        let per_device = node_spec.get("perDeviceNodeSelection").is_some();
+        // an obsolete older generation of the same pool sometimes
+        if r.coin(8) {
+            let mut spec = node_spec.clone();
+            spec["driver"] = json!(DRV);
+            spec["pool"] =
+                json!({"name": pool, "generation": generation - 1, "resourceSliceCount": 1});
+            spec["devices"] = json!([{"name": "old-0", "attributes": rand_attrs(r)}]);
+            if per_device {
+                spec["devices"][0]["allNodes"] = json!(true);
+            }
+            slices.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": format!("{pool}-old")}, "spec": spec}));
+        }
         for s in 0..nslices {
             let mut devs = Vec::new();
             for d in 0..(1 + r.n(4)) {
-                let mut dev = json!({"name": format!("d{s}-{d}"), "attributes": rand_attrs(r), "capacity": rand_caps(r)});
-                if counters && r.coin(80) {
-                    dev["consumesCounters"] = json!([{"counterSet": "cs", "counters": {"mem": {"value": r.pick(&["10Gi", "20Gi", "40Gi"])}}}]);
+                let name = format!("d{s}-{d}");
+                let mut dev = json!({"name": name, "attributes": rand_attrs(r)});
+                let shared = kind == 2 || (kind == 3 && r.coin(40));
+                if shared {
+                    dev["allowMultipleAllocations"] = json!(true);
+                    let mut caps = serde_json::Map::new();
+                    caps.insert("memory".into(), capacity_policy(r));
+                    if r.coin(40) {
+                        caps.insert("slots".into(), json!({"value": r.pick(&["2", "4"])}));
+                    }
+                    dev["capacity"] = J::Object(caps);
+                } else {
+                    dev["capacity"] = rand_caps(r);
                 }
-                if r.coin(15) {
+                if counters && r.coin(85) {
+                    let mut cs = vec![
+                        json!({"counterSet": "cs", "counters": {"mem": {"value": r.pick(&["10Gi", "20Gi", "40Gi"])}}}),
+                    ];
+                    if (second_set && r.coin(40)) || (invalid && d == 0) {
+                        cs.push(json!({"counterSet": "cs2", "counters": {"engines": {"value": r.pick(&["1", "2"])}}}));
+                    }
+                    dev["consumesCounters"] = J::Array(cs);
+                }
+                if r.coin(6) {
                     dev["taints"] = json!([{"key": r.pick(&["k1", "k2"]), "value": "v", "effect": r.pick(&["NoSchedule", "NoExecute", "None"])}]);
                 }
+                if per_device {
+                    node_sel(r, &mut dev, false);
+                }
+                known.push((pool.clone(), name, shared));
                 devs.push(dev);
             }
-            let mut spec = json!({"driver": DRV, "pool": {"name": pool, "generation": generation, "resourceSliceCount": total}, "devices": devs});
-            if node == "*" {
-                spec["allNodes"] = json!(true);
-            } else {
-                spec["nodeName"] = json!(node);
+            if invalid && !counters {
+                let d0 = devs[0].clone();
+                devs.push(d0);
             }
+            let mut spec = node_spec.clone();
+            spec["driver"] = json!(DRV);
+            spec["pool"] =
+                json!({"name": pool, "generation": generation, "resourceSliceCount": total});
+            spec["devices"] = J::Array(devs);
             slices.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": format!("{pool}-s{}", r.n(3) * 10 + s)}, "spec": spec}));
         }
         if counters {
-            let mut spec = json!({"driver": DRV, "pool": {"name": pool, "generation": generation, "resourceSliceCount": total},
-                "sharedCounters": [{"name": "cs", "counters": {"mem": {"value": r.pick(&["40Gi", "60Gi", "80Gi"])}}}]});
-            if node == "*" {
-                spec["allNodes"] = json!(true);
-            } else {
-                spec["nodeName"] = json!(node);
+            let mut spec = node_spec.clone();
+            if per_device {
+                spec = json!({"allNodes": true});
             }
+            spec["driver"] = json!(DRV);
+            spec["pool"] =
+                json!({"name": pool, "generation": generation, "resourceSliceCount": total});
+            let mut sets = vec![
+                json!({"name": "cs", "counters": {"mem": {"value": r.pick(&["40Gi", "60Gi", "80Gi"])}}}),
+            ];
+            if second_set {
+                sets.push(json!({"name": "cs2", "counters": {"engines": {"value": r.pick(&["1", "2", "3"])}}}));
+            }
+            spec["sharedCounters"] = J::Array(sets);
             slices.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": format!("{pool}-counters")}, "spec": spec}));
         }
     }
     let mut claims = Vec::new();
-    for c in 0..(1 + r.n(2)) {
+    // at most three requests per pod: the search is exponential in them, upstream as here
+    let nclaims = if r.coin(35) { 2 } else { 1 };
+    let mut budget = *r.pick(&[1, 2, 2, 3]).max(&nclaims);
+    for c in 0..nclaims {
         let mut requests = Vec::new();
-        let nreq = 1 + r.n(3);
+        let mut names: Vec<String> = Vec::new();
+        let nreq = 1 + r.n(budget - (nclaims - 1 - c));
+        budget -= nreq;
         for q in 0..nreq {
             let name = format!("r{q}");
+            names.push(name.clone());
             let tol = if r.coin(30) {
-                json!([{"key": "k1", "operator": r.pick(&["Exists", "Equal"]), "value": "v"}])
+                json!([{"key": r.pick(&["k1", "k2"]), "operator": r.pick(&["Exists", "Equal"]), "value": "v", "effect": r.pick(&["NoSchedule", "NoExecute"])}])
             } else {
                 json!([])
             };
-            if r.coin(30) {
-                let subs: Vec<J> = (0..1 + r.n(3))
-                    .map(|i| json!({"name": format!("s{i}"), "deviceClassName": r.pick(&["gpu", "big", "strict"]), "selectors": sel_list(r, 1), "count": 1 + r.n(2), "tolerations": tol}))
+            let capacity = |r: &mut Rng| json!({"requests": {"memory": r.pick(&["1Gi", "10Gi", "10Gi", "15Gi", "30Gi", "50Gi"])}});
+            if r.coin(35) {
+                let nsub = 2 + r.n(2);
+                let subs: Vec<J> = (0..nsub)
+                    .map(|i| {
+                        // the first subrequests are often too demanding, so the search falls through
+                        let demanding = i + 1 < nsub && r.coin(60);
+                        let class = if risky && r.coin(30) {
+                            "strict"
+                        } else {
+                            *r.pick(&["gpu", "big", "fast", "shared", "any"])
+                        };
+                        let mut sub = json!({"name": format!("s{i}"), "deviceClassName": class,
+                            "selectors": claim_selectors(r, risky), "tolerations": tol});
+                        if demanding && r.coin(50) {
+                            sub["count"] = json!(3 + r.n(4));
+                        } else if demanding {
+                            sub["selectors"] = json!([{"cel": {"expression": format!("device.attributes[\"{DRV}\"].?cores.orValue(0) >= {}", 24 + r.n(20))}}]);
+                        } else {
+                            sub["count"] = json!(1 + r.n(2));
+                        }
+                        if r.coin(5) {
+                            sub["allocationMode"] = json!("All");
+                            sub.as_object_mut().expect("sub").remove("count");
+                        }
+                        if class == "shared" || r.coin(10) {
+                            sub["capacity"] = capacity(r);
+                        }
+                        names.push(format!("{name}/s{i}"));
+                        sub
+                    })
                     .collect();
                 requests.push(json!({"name": name, "firstAvailable": subs}));
             } else {
-                let mut ex = json!({"deviceClassName": r.pick(&["gpu", "big", "strict", "gpu"]), "selectors": sel_list(r, 1), "tolerations": tol});
-                if r.coin(12) {
+                let class = if risky && r.coin(30) {
+                    "strict"
+                } else {
+                    *r.pick(&["gpu", "gpu", "big", "fast", "shared", "any"])
+                };
+                let mut ex = json!({"deviceClassName": class, "selectors": claim_selectors(r, risky), "tolerations": tol});
+                if r.coin(8) {
                     ex["allocationMode"] = json!("All");
                 } else {
-                    ex["count"] = json!(1 + r.n(3));
+                    ex["count"] = json!(*r.pick(&[1, 1, 1, 1, 2, 2, 3, 4]));
                 }
-                if r.coin(10) {
+                if r.coin(6) {
                     ex["adminAccess"] = json!(true);
+                }
+                if class == "shared" || r.coin(5) {
+                    ex["capacity"] = capacity(r);
                 }
                 requests.push(json!({"name": name, "exactly": ex}));
             }
         }
         let mut constraints = Vec::new();
-        if r.coin(35) {
+        for _ in 0..*r.pick(&[0, 0, 0, 0, 1, 1, 2]) {
             let attr = r
                 .pick(&[
                     "gpu.example.com/model",
                     "gpu.example.com/pcieRoot",
+                    "gpu.example.com/ecc",
+                    "gpu.example.com/cores",
+                    "gpu.example.com/driverVersion",
                     "other.example.com/zone",
                 ])
                 .to_string();
-            let reqs: Vec<String> = if r.coin(50) {
-                vec![]
-            } else {
-                vec!["r0".into()]
+            let reqs: Vec<String> = match r.n(3) {
+                0 => vec![],
+                1 => vec![r.pick(&names).clone()],
+                _ => vec![r.pick(&names).clone(), r.pick(&names).clone()],
             };
             if r.coin(60) {
                 constraints.push(json!({"requests": reqs, "matchAttribute": attr}));
@@ -326,21 +615,38 @@ fn alloc_case(r: &mut Rng) -> J {
                 constraints.push(json!({"requests": reqs, "distinctAttribute": attr}));
             }
         }
-        let config = if r.coin(30) {
-            json!([{"requests": ["r0"], "opaque": {"driver": DRV, "parameters": {"a": 1}}}])
-        } else {
-            json!([])
+        let config = match r.n(4) {
+            0 => {
+                json!([{"requests": [r.pick(&names)], "opaque": {"driver": DRV, "parameters": {"a": 1}}}])
+            }
+            1 => json!([{"opaque": {"driver": DRV, "parameters": {"all": true}}},
+                        {"requests": [r.pick(&names), r.pick(&names)], "opaque": {"driver": DRV, "parameters": {"b": 2}}}]),
+            _ => json!([]),
         };
         claims.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": format!("c{c}"), "namespace": "default"},
             "spec": {"devices": {"requests": requests, "constraints": constraints, "config": config}}}));
     }
     let mut allocated = Vec::new();
-    if r.coin(30) {
+    if !known.is_empty() && r.coin(35) {
+        let mut results = Vec::new();
+        for i in 0..1 + r.n(3) {
+            let (pool, dev, shared) = r.pick(&known).clone();
+            let mut res =
+                json!({"request": format!("x{i}"), "driver": DRV, "pool": pool, "device": dev});
+            if shared {
+                res["shareID"] = json!(format!("5f0e6a52-0000-4000-8000-00000000000{i}"));
+                res["consumedCapacity"] = json!({"memory": r.pick(&["10Gi", "20Gi", "40Gi"])});
+            } else if r.coin(10) {
+                res["adminAccess"] = json!(true);
+            }
+            results.push(res);
+        }
         allocated.push(json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": {"name": "old", "namespace": "default"},
             "spec": {"devices": {"requests": []}},
-            "status": {"allocation": {"devices": {"results": [{"request": "x", "driver": DRV, "pool": "pool-0", "device": format!("d0-{}", r.n(3))}]}}}}));
+            "status": {"allocation": {"devices": {"results": results}}}}));
     }
-    json!({"classes": classes, "slices": slices, "claims": claims, "allocated": allocated, "node": {"name": "node-a", "labels": {}}})
+    let zone = *r.pick(&["z1", "z2"]);
+    json!({"classes": classes(), "slices": slices, "claims": claims, "allocated": allocated, "node": {"name": "node-a", "labels": {"zone": zone}}})
 }
 
 fn oracle() -> Option<PathBuf> {
@@ -407,8 +713,8 @@ fn rust_alloc(c: &J) -> J {
         serde_json::from_value(c["allocated"].clone()).expect("allocated");
     let a = Allocator::new(&classes, &slices, AllocatedState::from_claims(&allocated));
     let node = SimNode {
-        name: "node-a".into(),
-        labels: Default::default(),
+        name: c["node"]["name"].as_str().expect("node name").to_string(),
+        labels: serde_json::from_value(c["node"]["labels"].clone()).expect("node labels"),
     };
     match a.allocate(&node, &claims) {
         Ok(Some(res)) => json!({"status": "ok", "results": res}),
@@ -417,8 +723,10 @@ fn rust_alloc(c: &J) -> J {
     }
 }
 
-/// The comparable part of an allocation: per claim, (request, driver, pool, device, adminAccess)
-/// in order, plus the config entries.
+/// The comparable part of an allocation: per claim and in order, each result's request, pool,
+/// device, adminAccess, whether it is a share, consumed capacity and tolerations; the config
+/// entries (source, requests, parameters) and the node selector. ShareIDs are random UIDs on both
+/// sides, so only their presence is compared.
 fn essence(a: &J) -> J {
     let results: Vec<J> = a["results"]
         .as_array()
@@ -432,9 +740,13 @@ fn essence(a: &J) -> J {
                         .map(|x| {
                             json!([
                                 x["request"],
+                                x["driver"],
                                 x["pool"],
                                 x["device"],
-                                x["adminAccess"].as_bool().unwrap_or(false)
+                                x["adminAccess"].as_bool().unwrap_or(false),
+                                x.get("shareID").is_some_and(|s| !s.is_null()),
+                                x.get("consumedCapacity").cloned().unwrap_or(J::Null),
+                                x.get("tolerations").cloned().unwrap_or(J::Null),
                             ])
                         })
                         .collect();
@@ -445,11 +757,12 @@ fn essence(a: &J) -> J {
                         .map(|x| {
                             json!([
                                 x["source"],
-                                x["requests"].as_array().cloned().unwrap_or_default()
+                                x["requests"].as_array().cloned().unwrap_or_default(),
+                                x["opaque"]["parameters"]
                             ])
                         })
                         .collect();
-                    json!({"devices": devs, "config": cfg})
+                    json!({"devices": devs, "config": cfg, "nodeSelector": r.get("nodeSelector").cloned().unwrap_or(J::Null)})
                 })
                 .collect()
         })
@@ -457,20 +770,68 @@ fn essence(a: &J) -> J {
     json!({"status": a["status"], "results": results})
 }
 
+/// What a case exercised, for the health check of the generator.
+#[derive(Default, Debug)]
+struct Coverage {
+    ok: usize,
+    unsatisfiable: usize,
+    error: usize,
+    shares: usize,
+    fell_through: usize,
+    all_mode: usize,
+    admin: usize,
+    multi_claim_ok: usize,
+    error_text_differs: usize,
+}
+
+fn cover(cov: &mut Coverage, case: &J, want: &J) {
+    match want["status"].as_str() {
+        Some("ok") => cov.ok += 1,
+        Some("unsatisfiable") => cov.unsatisfiable += 1,
+        _ => cov.error += 1,
+    }
+    let results = want["results"].as_array().cloned().unwrap_or_default();
+    if results.len() > 1 {
+        cov.multi_claim_ok += 1;
+    }
+    let devs: Vec<&J> = results
+        .iter()
+        .flat_map(|r| r["devices"]["results"].as_array().into_iter().flatten())
+        .collect();
+    if devs
+        .iter()
+        .any(|d| d.get("shareID").is_some_and(|s| !s.is_null()))
+    {
+        cov.shares += 1;
+    }
+    if devs.iter().any(|d| {
+        d["request"]
+            .as_str()
+            .is_some_and(|r| r.contains('/') && !r.ends_with("/s0"))
+    }) {
+        cov.fell_through += 1;
+    }
+    if devs
+        .iter()
+        .any(|d| d["adminAccess"].as_bool() == Some(true))
+    {
+        cov.admin += 1;
+    }
+    if want["status"] == "ok" && case.to_string().contains("\"allocationMode\":\"All\"") {
+        cov.all_mode += 1;
+    }
+}
+
+const ALLOC_CASES: usize = 2400;
+
 #[test]
 fn differential_against_go_oracle() {
     let Some(bin) = oracle() else { return };
     let mut r = Rng(0x9e3779b97f4a7c15);
     let mut cases = Vec::new();
     let mut n_evals = 0;
-    let mut n_allocs = 0;
-    for i in 0..1400 {
-        let mut c = if i % 2 == 0 {
-            n_allocs += 1;
-            alloc_case(&mut r)
-        } else {
-            json!({})
-        };
+    for _ in 0..ALLOC_CASES {
+        let mut c = alloc_case(&mut r);
         let evals: Vec<J> = (0..2)
             .map(|_| json!({"expression": selector(&mut r, 3), "device": eval_device(&mut r)}))
             .collect();
@@ -478,11 +839,20 @@ fn differential_against_go_oracle() {
         c["evals"] = J::Array(evals);
         cases.push(c);
     }
-    assert!(n_evals + n_allocs >= 2000);
     let cases = J::Array(cases);
     let answers = run_oracle(&bin, &cases);
+    assert_eq!(answers.len(), ALLOC_CASES, "one answer per case");
+    // SIM_DIFF_DUMP=<file> keeps the cases and the oracle's answers for debugging
+    if let Ok(path) = std::env::var("SIM_DIFF_DUMP") {
+        std::fs::write(
+            &path,
+            json!({"cases": cases, "answers": answers}).to_string(),
+        )
+        .expect("write SIM_DIFF_DUMP");
+    }
     let mut mismatches = Vec::new();
     let mut agreement = std::collections::BTreeMap::<String, usize>::new();
+    let mut cov = Coverage::default();
     for (i, (c, want)) in cases
         .as_array()
         .expect("cases")
@@ -504,24 +874,28 @@ fn differential_against_go_oracle() {
                 ));
             }
         }
-        if c.get("slices").is_some() {
-            let got = rust_alloc(c);
-            *agreement
-                .entry(format!("alloc:{}", want["status"].as_str().unwrap_or("")))
-                .or_default() += 1;
-            if essence(&got) != essence(want) {
-                mismatches.push(format!(
-                    "case {i} allocation:\n  go:   {}\n  rust: {}\n  go error: {}\n  rust error: {}",
-                    essence(want),
-                    essence(&got),
-                    want["error"],
-                    got["error"]
-                ));
+        let got = rust_alloc(c);
+        cover(&mut cov, c, want);
+        if essence(&got) != essence(want) {
+            mismatches.push(format!(
+                "case {i} allocation:\n  go:   {}\n  rust: {}\n  go error: {}\n  rust error: {}",
+                essence(want),
+                essence(&got),
+                want["error"],
+                got["error"]
+            ));
+        } else if want["status"] == "error" && want["error"] != got["error"] {
+            cov.error_text_differs += 1;
+            if cov.error_text_differs <= 5 {
+                eprintln!(
+                    "case {i}: error text differs\n  go:   {}\n  rust: {}",
+                    want["error"], got["error"]
+                );
             }
         }
     }
     eprintln!(
-        "differential: {n_evals} CEL evaluations + {n_allocs} allocations; outcomes {agreement:?}; {} mismatches",
+        "differential: {n_evals} CEL evaluations + {ALLOC_CASES} allocations; outcomes {agreement:?}; coverage {cov:?}; {} mismatches",
         mismatches.len()
     );
     assert!(
@@ -534,5 +908,26 @@ fn differential_against_go_oracle() {
             .cloned()
             .collect::<Vec<_>>()
             .join("\n")
+    );
+    // the generator must keep exercising the interesting paths
+    assert!(
+        cov.ok * 100 >= ALLOC_CASES * 30,
+        "too few successful allocations: {cov:?}"
+    );
+    assert!(
+        cov.unsatisfiable * 100 >= ALLOC_CASES * 10,
+        "too few unsatisfiable cases: {cov:?}"
+    );
+    assert!(
+        cov.shares >= 100,
+        "too few consumable-capacity shares: {cov:?}"
+    );
+    assert!(
+        cov.fell_through >= 100,
+        "too few firstAvailable fall-throughs: {cov:?}"
+    );
+    assert!(
+        cov.multi_claim_ok >= 100 && cov.admin >= 20 && cov.all_mode >= 20,
+        "{cov:?}"
     );
 }

@@ -1496,7 +1496,7 @@ pub mod capacity {
                 if added % sm != 0 {
                     n += 1;
                 }
-                return Ok(Quantity::from_milli(mm + sm * n));
+                return Ok(Quantity::from_milli(mm + sm * n).with_format(step.format()));
             }
             let (ri, si, mi) = (rq.value_ceil(), step.value_ceil(), min.value_ceil());
             let added = ri - mi;
@@ -1504,7 +1504,7 @@ pub mod capacity {
             if added % si != 0 {
                 n += 1;
             }
-            return Ok(Quantity::from_milli((mi + si * n) * 1000));
+            return Ok(Quantity::from_milli((mi + si * n) * 1000).with_format(step.format()));
         }
         if let Some(vals) = &p.valid_values {
             for v in vals {

@@ -88,6 +88,14 @@ pub enum Func {
     OptValue,
     OrValue,
     Or,
+    Includes,
+    Quote,
+    /// accumulator map + key + value (transformMap)
+    MapInsert,
+    /// accumulator map + map (transformMapEntry; duplicate keys are an error)
+    MapMerge,
+    /// list + its sort keys (the `sortBy` macro)
+    SortByKeys,
 }
 
 #[derive(Debug)]
@@ -481,6 +489,180 @@ impl<'a> Compiler<'a> {
         ))
     }
 
+    /// `ext.TwoVarComprehensions` transforms: `l.transformList(i, v, [filter,] expr)`,
+    /// `m.transformMap(k, v, [filter,] expr)`, `m.transformMapEntry(k, v, [filter,] mapExpr)`.
+    fn transform(&mut self, kind: &str, target: &IdedExpr, args: &[IdedExpr]) -> R {
+        let name = |e: &IdedExpr| match &e.expr {
+            Expr::Ident(n) => Ok(n.clone()),
+            _ => Err(self.err(e.id, "argument must be a simple name".into())),
+        };
+        let v1 = name(&args[0])?;
+        let v2 = name(&args[1])?;
+        let (range, rt) = self.compile(target)?;
+        let (t1, t2) = iter_types(&rt, true).ok_or_else(|| {
+            self.err(target.id, format!("expression of type '{rt}' cannot be range of a comprehension (must be list, map, or dynamic)"))
+        })?;
+        let accu = self.push("@result", Ty::Dyn);
+        let var1 = self.push(&v1, t1.clone());
+        let var2 = self.push(&v2, t2);
+        let filter = if args.len() == 4 {
+            match self.compile(&args[2]) {
+                Ok((f, ft)) if Ty::Bool.accepts(&ft) => Some(f),
+                Ok((_, ft)) => {
+                    self.pop(3);
+                    return Err(self.err(
+                        args[2].id,
+                        format!(
+                            "found no matching overload for '_?_:_' applied to '({ft}, dyn, dyn)'"
+                        ),
+                    ));
+                }
+                Err(e) => {
+                    self.pop(3);
+                    return Err(e);
+                }
+            }
+        } else {
+            None
+        };
+        let body = self.compile(&args[args.len() - 1]);
+        self.pop(3);
+        let (body, bt) = body?;
+        let acc = || Box::new(Node::Local(accu));
+        let (init, step, rty) = match kind {
+            "transformList" => (
+                Node::List {
+                    elems: vec![],
+                    optional: vec![],
+                },
+                Node::Call {
+                    func: Func::Add,
+                    args: vec![
+                        Node::Local(accu),
+                        Node::List {
+                            elems: vec![body],
+                            optional: vec![false],
+                        },
+                    ],
+                },
+                Ty::List(Box::new(bt)),
+            ),
+            "transformMap" => (
+                Node::Map { entries: vec![] },
+                Node::Call {
+                    func: Func::MapInsert,
+                    args: vec![Node::Local(accu), Node::Local(var1), body],
+                },
+                Ty::map(t1, bt),
+            ),
+            _ => {
+                let (k, v) = match bt {
+                    Ty::Map(k, v) => (*k, *v),
+                    x if x.is_dyn() => (Ty::Dyn, Ty::Dyn),
+                    other => {
+                        return Err(self.err(
+                            args[args.len() - 1].id,
+                            format!("found no matching overload for 'cel.@mapInsert' applied to '(map(dyn, dyn), {other})'"),
+                        ));
+                    }
+                };
+                (
+                    Node::Map { entries: vec![] },
+                    Node::Call {
+                        func: Func::MapMerge,
+                        args: vec![Node::Local(accu), body],
+                    },
+                    Ty::map(k, v),
+                )
+            }
+        };
+        let step = match filter {
+            Some(f) => Node::Cond(Box::new(f), Box::new(step), acc()),
+            None => step,
+        };
+        Ok((
+            Node::Comp(Box::new(Comp {
+                range,
+                var1,
+                var2: Some(var2),
+                accu,
+                init,
+                cond: Node::Const(Value::Bool(true)),
+                step,
+                result: Node::Local(accu),
+            })),
+            rty,
+        ))
+    }
+
+    /// The `ext.Lists` `sortBy(x, key)` macro: the keys are computed like `map(x, key)`, then
+    /// the list is sorted (stably) by them.
+    fn sort_by(&mut self, target: &IdedExpr, args: &[IdedExpr]) -> R {
+        let Expr::Ident(v) = &args[0].expr else {
+            return Err(self.err(
+                args[0].id,
+                "sortBy(var, ...) variable name must be a simple identifier".into(),
+            ));
+        };
+        let (range, rt) = self.compile(target)?;
+        let elem = match &rt {
+            Ty::List(e) => (**e).clone(),
+            x if x.is_dyn() => Ty::Dyn,
+            other => {
+                return Err(self.err(
+                    target.id,
+                    format!("found no matching overload for 'sortBy' applied to '{other}'"),
+                ));
+            }
+        };
+        let input = self.push("@__sortBy_input__", rt.clone());
+        let accu = self.push("@result", Ty::Dyn);
+        let var1 = self.push(v, elem);
+        let key = self.compile(&args[1]);
+        self.pop(2);
+        let (key, _) = match key {
+            Ok(k) => k,
+            Err(e) => {
+                self.pop(1);
+                return Err(e);
+            }
+        };
+        let keys = Node::Comp(Box::new(Comp {
+            range: Node::Local(input),
+            var1,
+            var2: None,
+            accu,
+            init: Node::List {
+                elems: vec![],
+                optional: vec![],
+            },
+            cond: Node::Const(Value::Bool(true)),
+            step: Node::Call {
+                func: Func::Add,
+                args: vec![
+                    Node::Local(accu),
+                    Node::List {
+                        elems: vec![key],
+                        optional: vec![false],
+                    },
+                ],
+            },
+            result: Node::Local(accu),
+        }));
+        self.pop(1);
+        Ok((
+            Node::Bind {
+                slot: input,
+                init: Box::new(range),
+                body: Box::new(Node::Call {
+                    func: Func::SortByKeys,
+                    args: vec![Node::Local(input), keys],
+                }),
+            },
+            rt,
+        ))
+    }
+
     fn call(&mut self, id: u64, call: &CallExpr) -> R {
         let fname = call.func_name.as_str();
         // namespaced globals: target is a plain identifier naming a namespace, not a variable
@@ -526,6 +708,21 @@ impl<'a> Compiler<'a> {
             && matches!(fname, "all" | "exists" | "existsOne")
         {
             return self.macro3(id, fname, t, &call.args);
+        }
+        if let Some(t) = target
+            && matches!(call.args.len(), 3 | 4)
+            && matches!(
+                fname,
+                "transformList" | "transformMap" | "transformMapEntry"
+            )
+        {
+            return self.transform(fname, t, &call.args);
+        }
+        if let Some(t) = target
+            && call.args.len() == 2
+            && fname == "sortBy"
+        {
+            return self.sort_by(t, &call.args);
         }
         match fname {
             "_&&_" | "_||_" => {
@@ -853,7 +1050,7 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
         ("isInteger", true, 1) if is(0, &Quantity) => ok!(F::QIsInteger, Bool),
         ("asInteger", true, 1) if is(0, &Quantity) => ok!(F::QAsInteger, Int),
         ("asApproximateFloat", true, 1) if is(0, &Quantity) => ok!(F::QAsApproximateFloat, Double),
-        ("sign", true, 1) if is(0, &Quantity) => ok!(F::QSign, Int),
+        ("sign", false, 1) if is(0, &Quantity) => ok!(F::QSign, Int),
         ("add" | "sub", true, 2) if is(0, &Quantity) && (is(1, &Quantity) || t[1] == Int) => {
             ok!(if name == "add" { F::QAdd } else { F::QSub }, Quantity)
         }
@@ -931,6 +1128,8 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
         ("flatten", true, 1 | 2) if list_like(0) => ok!(F::Flatten, List(Box::new(Dyn))),
         ("distinct", true, 1) if list_like(0) => ok!(F::Distinct, t[0].clone()),
         ("sort", true, 1) if list_like(0) => ok!(F::Sort, t[0].clone()),
+        ("includes", true, 2) => ok!(F::Includes, Bool),
+        ("strings.quote", false, 1) if is(0, &Str) => ok!(F::Quote, Str),
         ("first" | "last", true, 1) if list_like(0) => {
             ok!(
                 if name == "first" { F::First } else { F::Last },
@@ -1053,6 +1252,8 @@ fn known_function(name: &str) -> bool {
             | "last"
             | "lists.range"
             | "sets.contains"
+            | "includes"
+            | "strings.quote"
             | "sets.equivalent"
             | "sets.intersects"
             | "optional.of"

@@ -306,6 +306,65 @@ impl Ctx<'_> {
                 _ => no_overload(),
             },
             Func::Eq => b(equals(&a[0], &a[1])?),
+            Func::Includes => match &a[0] {
+                List(l) => {
+                    for x in l.iter() {
+                        if equals(x, &a[1]).unwrap_or(false) {
+                            return b(true);
+                        }
+                    }
+                    b(false)
+                }
+                x => b(equals(x, &a[1]).unwrap_or(false)),
+            },
+            Func::Quote => {
+                let Str(s) = &a[0] else { return no_overload() };
+                Ok(Value::str(&quote(s)))
+            }
+            Func::MapInsert | Func::MapMerge => {
+                let Map(m) = &a[0] else { return no_overload() };
+                let add: Vec<(Value, Value)> = if f == Func::MapInsert {
+                    vec![(a[1].clone(), a[2].clone())]
+                } else {
+                    let Map(n) = &a[1] else { return no_overload() };
+                    n.entries.clone()
+                };
+                let mut out = MapVal {
+                    entries: m.entries.clone(),
+                    default_empty: false,
+                };
+                for (k, v) in add {
+                    check_key(&k)?;
+                    if map_lookup(&out, &k).is_some() {
+                        return Err(format!("insert failed: key {} already exists", display(&k)));
+                    }
+                    out.entries.push((k, v));
+                }
+                Ok(Map(Arc::new(out)))
+            }
+            Func::SortByKeys => {
+                let (List(l), List(keys)) = (&a[0], &a[1]) else {
+                    return no_overload();
+                };
+                self.charge(l.len() as u64)?;
+                let mut idx: Vec<usize> = (0..l.len()).collect();
+                let mut err = None;
+                idx.sort_by(|&i, &j| match compare(&keys[i], &keys[j]) {
+                    Ok(Some(o)) => o,
+                    Ok(None) | Err(_) => {
+                        err.get_or_insert_with(|| {
+                            "list elements must have the same type".to_string()
+                        });
+                        Ordering::Equal
+                    }
+                });
+                if let Some(e) = err {
+                    return Err(e);
+                }
+                Ok(List(Arc::new(
+                    idx.into_iter().map(|i| l[i].clone()).collect(),
+                )))
+            }
             Func::Ne => b(!equals(&a[0], &a[1])?),
             Func::Lt | Func::Le | Func::Gt | Func::Ge => {
                 let o = compare(&a[0], &a[1])?;
@@ -883,6 +942,28 @@ fn unreachable_ok() -> EvalResult {
     Ok(Value::Bool(true))
 }
 
+/// `strings.quote`: a double-quoted string with Go-style escapes.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '\x07' => out.push_str("\\a"),
+            '\x08' => out.push_str("\\b"),
+            '\x0c' => out.push_str("\\f"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\x0b' => out.push_str("\\v"),
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
 fn fmt_double(x: f64) -> String {
     if x.is_finite() && x == x.trunc() && x.abs() < 1e21 {
         format!("{x:.0}")
@@ -967,6 +1048,8 @@ fn select(v: &Value, field: &Value, test: bool) -> EvalResult {
                 None => Err(format!("no such key: {f}")),
             }
         }
+        // cel-go answers presence tests (`has`, `.?`) on other types with "absent"
+        _ if test => Ok(Value::Bool(false)),
         _ => Err(format!(
             "type '{}' does not support field selection",
             v.type_name()

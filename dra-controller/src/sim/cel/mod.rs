@@ -49,9 +49,12 @@ pub struct Program {
 /// `compilation failed: ERROR: <input>:1:3: ...`, or `must evaluate to bool ...`.
 pub fn compile(expr: &str) -> Result<Program, String> {
     let parser = cel::parser::Parser::new().enable_optional_syntax(true);
-    let (ast, info) = parser
-        .parse_with_source_info(expr)
-        .map_err(|e| format!("compilation failed: {e}"))?;
+    let (ast, info) = parser.parse_with_source_info(expr).map_err(|e| {
+        format!(
+            "compilation failed: {}",
+            e.to_string().replace("\n| ", "\n | ")
+        )
+    })?;
     let mut c = compile::Compiler::new(&info, expr);
     let (node, ty) = c
         .compile(&ast)

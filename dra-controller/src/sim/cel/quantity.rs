@@ -9,10 +9,34 @@
 use std::cmp::Ordering;
 use std::fmt;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+/// Kubernetes' quantity `Format`: how the canonical string is spelled. It follows the suffix the
+/// quantity was parsed with and plays no part in comparisons or equality.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum Format {
+    #[default]
+    DecimalSI,
+    BinarySI,
+    DecimalExponent,
+}
+
+#[derive(Clone, Copy, Debug)]
 pub struct Quantity {
     mant: i128,
     exp: i32,
+    fmt: Format,
+}
+
+impl PartialEq for Quantity {
+    fn eq(&self, o: &Self) -> bool {
+        self.mant == o.mant && self.exp == o.exp
+    }
+}
+impl Eq for Quantity {}
+impl std::hash::Hash for Quantity {
+    fn hash<H: std::hash::Hasher>(&self, h: &mut H) {
+        self.mant.hash(h);
+        self.exp.hash(h);
+    }
 }
 
 /// The error text `resource.ParseQuantity` gives for a malformed string.
@@ -21,14 +45,31 @@ pub const ERR_FORMAT: &str =
 const ERR_SUFFIX: &str = "unable to parse quantity's suffix";
 
 impl Quantity {
-    pub const ZERO: Quantity = Quantity { mant: 0, exp: 0 };
+    pub const ZERO: Quantity = Quantity {
+        mant: 0,
+        exp: 0,
+        fmt: Format::DecimalSI,
+    };
+
+    fn new(mant: i128, exp: i32) -> Self {
+        Quantity {
+            mant,
+            exp,
+            fmt: Format::DecimalSI,
+        }
+    }
 
     pub fn from_i64(v: i64) -> Self {
-        Quantity {
-            mant: v as i128,
-            exp: 0,
-        }
-        .norm()
+        Quantity::new(v as i128, 0).norm()
+    }
+
+    pub fn format(&self) -> Format {
+        self.fmt
+    }
+
+    pub fn with_format(mut self, fmt: Format) -> Self {
+        self.fmt = fmt;
+        self
     }
 
     fn norm(mut self) -> Self {
@@ -128,7 +169,14 @@ impl Quantity {
         if neg {
             mant = -mant;
         }
-        let mut q = Quantity { mant, exp }.norm();
+        let mut q = Quantity::new(mant, exp).norm();
+        q.fmt = if base == 2 {
+            Format::BinarySI
+        } else if suffix.starts_with(['e', 'E']) {
+            Format::DecimalExponent
+        } else {
+            Format::DecimalSI
+        };
         if base == 10 {
             q.exp = q.exp.saturating_add(exp10);
         } else {
@@ -149,18 +197,16 @@ impl Quantity {
         }
         let shift = (-9 - self.exp) as u32;
         if shift > 38 {
-            return Quantity {
-                mant: self.mant.signum(),
-                exp: -9,
-            }
-            .norm();
+            return Quantity::new(self.mant.signum(), -9)
+                .norm()
+                .with_format(self.fmt);
         }
         let p = 10i128.pow(shift);
         let mut m = self.mant / p;
         if self.mant % p != 0 {
             m += self.mant.signum();
         }
-        Quantity { mant: m, exp: -9 }.norm()
+        Quantity::new(m, -9).norm().with_format(self.fmt)
     }
 
     fn aligned(a: Quantity, b: Quantity) -> Option<(i128, i128)> {
@@ -193,17 +239,17 @@ impl Quantity {
     pub fn add(&self, o: &Quantity) -> Result<Quantity, String> {
         let (a, b) = Quantity::aligned(*self, *o).ok_or("quantity overflow")?;
         let m = a.checked_add(b).ok_or("quantity overflow")?;
-        Ok(Quantity {
-            mant: m,
-            exp: self.exp.min(o.exp),
-        }
-        .norm())
+        // like `Quantity.Add`: a zero receiver takes the other operand's format
+        let fmt = if self.mant == 0 { o.fmt } else { self.fmt };
+        Ok(Quantity::new(m, self.exp.min(o.exp))
+            .norm()
+            .with_format(fmt))
     }
 
     pub fn sub(&self, o: &Quantity) -> Result<Quantity, String> {
         self.add(&Quantity {
             mant: -o.mant,
-            exp: o.exp,
+            ..*o
         })
     }
 
@@ -239,7 +285,7 @@ impl Quantity {
     }
 
     pub fn from_milli(m: i128) -> Quantity {
-        Quantity { mant: m, exp: -3 }.norm()
+        Quantity::new(m, -3).norm()
     }
 
     /// Integer value rounded up (`Value()`).
@@ -306,43 +352,60 @@ impl fmt::Display for Quantity {
 }
 
 impl Quantity {
-    /// Kubernetes canonical string (`CanonicalizeBytes`): binary suffix when the original used
-    /// one is not tracked here, so this renders with decimal-SI suffixes, which is what
-    /// `consumedCapacity` results compare equal to numerically.
+    /// Kubernetes' canonical string (`Quantity.String()` / `CanonicalizeBytes`) in this
+    /// quantity's format: `BinarySI` as the largest exact power of 1024 (falling back to decimal SI
+    /// below 1024 or for fractions); decimal formats with an exponent that is a multiple of 3 and
+    /// the SI suffix, or `e<exp>` for the exponent format and for exponents without a suffix.
     pub fn canonical(&self) -> String {
         if self.mant == 0 {
             return "0".to_string();
         }
-        // choose the exponent a multiple of 3 >= -9, with an integer mantissa
+        let mut fmt = self.fmt;
+        if fmt == Format::BinarySI {
+            let small = self.cmp_q(&Quantity::from_i64(-1024)) == Ordering::Greater
+                && self.cmp_q(&Quantity::from_i64(1024)) == Ordering::Less;
+            if small || self.exp < 0 {
+                fmt = Format::DecimalSI;
+            } else if let Some(mut v) = pow10(self.exp).and_then(|p| self.mant.checked_mul(p)) {
+                let mut e = 0;
+                while v % 1024 == 0 {
+                    v /= 1024;
+                    e += 1;
+                }
+                let suffix = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"]
+                    .get(e)
+                    .copied()
+                    .unwrap_or("");
+                return format!("{v}{suffix}");
+            } else {
+                fmt = Format::DecimalSI;
+            }
+        }
+        // trailing zeros are already stripped; lower the exponent to a multiple of 3
         let mut m = self.mant;
         let mut e = self.exp;
         while e % 3 != 0 {
             m *= 10;
             e -= 1;
         }
-        while e > 18 {
-            m *= 1000;
-            e -= 3;
-        }
-        // prefer fewer digits: move trailing thousands into the exponent
-        while m % 1000 == 0 && e < 18 {
-            m /= 1000;
-            e += 3;
-        }
-        let suffix = match e {
-            -9 => "n",
-            -6 => "u",
-            -3 => "m",
-            0 => "",
-            3 => "k",
-            6 => "M",
-            9 => "G",
-            12 => "T",
-            15 => "P",
-            18 => "E",
-            _ => "",
+        let si = match e {
+            -9 => Some("n"),
+            -6 => Some("u"),
+            -3 => Some("m"),
+            0 => Some(""),
+            3 => Some("k"),
+            6 => Some("M"),
+            9 => Some("G"),
+            12 => Some("T"),
+            15 => Some("P"),
+            18 => Some("E"),
+            _ => None,
         };
-        format!("{m}{suffix}")
+        match (fmt, si) {
+            (_, _) if e == 0 => format!("{m}"),
+            (Format::DecimalSI, Some(sfx)) => format!("{m}{sfx}"),
+            _ => format!("{m}e{e}"),
+        }
     }
 }
 
@@ -376,5 +439,16 @@ mod tests {
         assert_eq!(q("1.5").as_i64(), None);
         assert_eq!(q("2k").canonical(), "2k");
         assert_eq!(q("1500m").canonical(), "1500m");
+        assert_eq!(q("10Gi").canonical(), "10Gi");
+        assert_eq!(q("1.5Gi").canonical(), "1536Mi");
+        assert_eq!(q("1Ki").add(&q("1")).unwrap().canonical(), "1025");
+        assert_eq!(q("512").with_format(Format::BinarySI).canonical(), "512");
+        assert_eq!(q("0.5Ki").canonical(), "512");
+        assert_eq!(q("1e3").canonical(), "1e3");
+        assert_eq!(q("1500e0").canonical(), "1500");
+        assert_eq!(q("12e4").canonical(), "120e3");
+        assert_eq!(q("1e21").canonical(), "1e21");
+        assert_eq!(q("42949672960").canonical(), "42949672960");
+        assert_eq!(q("0").add(&q("1Ki")).unwrap().canonical(), "1Ki");
     }
 }

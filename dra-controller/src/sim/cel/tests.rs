@@ -363,7 +363,7 @@ fn libraries() {
     );
     t("quantity('1').add(2) == quantity('3') && quantity('5').sub(quantity('2')).asInteger() == 3");
     t(
-        "!quantity('1.5').isInteger() && quantity('-2').sign() == -1 && quantity('500m').asApproximateFloat() == 0.5",
+        "!quantity('1.5').isInteger() && sign(quantity('-2')) == -1 && quantity('500m').asApproximateFloat() == 0.5",
     );
     t("isQuantity('1Ki') && !isQuantity('1KB')");
     t(
