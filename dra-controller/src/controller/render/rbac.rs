@@ -59,7 +59,7 @@ pub fn cd_controller_rbac(t: &Target<'_>) -> Result<Rbac> {
         t,
         CD_CONTROLLER,
         json!([
-            { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status"], "verbs": ALL },
+            { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status", "computedomains/finalizers"], "verbs": ALL },
             { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ALL },
             { "apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ALL },
             { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"] },
