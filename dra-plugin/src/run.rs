@@ -8,7 +8,9 @@ use anyhow::Context;
 use gpu_dra_api::gates::FeatureGates;
 use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::simulated::{GpuGroup, HardwareFile};
-use gpu_dra_api::slices::{SliceOptions, TaintMap, build_pool, to_resource_slices};
+use gpu_dra_api::slices::{
+    SliceContent, SliceOptions, TaintMap, build_pool, enable_consumable_shares, to_resource_slices,
+};
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kubelet_proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
 use tokio::sync::watch;
@@ -91,7 +93,11 @@ pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
         dynamic_mig: gates.dynamic_mig(),
         split_counters: minor >= 35,
     };
-    let slices = to_resource_slices(build_pool(&inv, &opts, &TaintMap::new()), &opts, 1, None);
+    let mut contents = build_pool(&inv, &opts, &TaintMap::new());
+    if gates.enabled("ConsumableShares") {
+        enable_consumable_shares(&mut contents);
+    }
+    let slices = to_resource_slices(contents, &opts, 1, None);
     let objects: Vec<serde_json::Value> = slices
         .iter()
         .map(|s| {
@@ -344,8 +350,22 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             None => true,
         },
     };
-    let untainted = build_pool(&inventory, &opts, &TaintMap::new());
-    let (contents_tx, contents_rx) = watch::channel(untainted.clone());
+    let consumable = gates.enabled("ConsumableShares");
+    let opts_for_pool = opts.clone();
+    // The node's slice contents, with taints from health and, when enabled, consumable capacity.
+    let pool = move |taints: &dyn Fn(&[SliceContent]) -> TaintMap| {
+        let mut contents = build_pool(&inventory, &opts_for_pool, &TaintMap::new());
+        let taints = taints(&contents);
+        if !taints.is_empty() {
+            contents = build_pool(&inventory, &opts_for_pool, &taints);
+        }
+        if consumable {
+            enable_consumable_shares(&mut contents);
+        }
+        contents
+    };
+    let untainted = pool(&|_| TaintMap::new());
+    let (contents_tx, contents_rx) = watch::channel(untainted);
     if let Some(client) = client.clone() {
         let publisher = Publisher::new(client.clone(), opts.clone(), metrics.clone());
         tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
@@ -353,7 +373,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     }
     if health_enabled {
         let publish = move |t: &HealthTracker| {
-            let _ = contents_tx.send(build_pool(&inventory, &opts, &t.taint_map(&untainted)));
+            let _ = contents_tx.send(pool(&|c| t.taint_map(c)));
         };
         spawn_health_monitor(
             backend.clone(),

@@ -4,6 +4,7 @@ pub mod checkpoint;
 pub mod configs;
 pub mod fsutil;
 pub mod health;
+pub mod sharing;
 pub mod state;
 pub mod types;
 

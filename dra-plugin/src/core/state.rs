@@ -17,9 +17,7 @@ use super::types::{AllocatedDevice, ClaimAllocation, ClaimRef, PreparedDevice};
 use crate::Error;
 use crate::backend::{ComputeMode, DeviceBackend};
 
-// Lives in `core/sharing/`; declared here so `core/mod.rs` needs no edit while others work on it.
-#[path = "sharing/mod.rs"]
-pub mod sharing;
+use super::sharing;
 
 use sharing::mps::{MpsDaemon, pinned_limits};
 use sharing::runner::{DaemonHandle, MpsControlRunner, ProcessRunner, StandInRunner};

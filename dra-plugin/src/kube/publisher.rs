@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
@@ -178,7 +178,7 @@ impl Publisher {
         let watch_api = self.api();
         let cfg = watcher::Config::default().fields(&self.selector());
         let watch_task = tokio::spawn(async move {
-            let mut events = watcher(watch_api, cfg).boxed();
+            let mut events = watcher(watch_api, cfg).default_backoff().boxed();
             while let Some(ev) = events.next().await {
                 match ev {
                     Ok(watcher::Event::Delete(s)) => {

@@ -9,14 +9,19 @@ use gpu_dra_api::gates::FeatureGates;
 use gpu_dra_api::simulated::GpuGroup;
 use serde_json::json;
 
-use super::super::*;
 use super::SharingStateFile;
+use super::mps::MpsDaemon;
 use super::runner::fake::FakeRunner;
+use super::runner::{DaemonHandle, ProcessRunner};
+use crate::Error;
 use crate::backend::ComputeMode;
+use crate::backend::DeviceBackend;
 use crate::backend::simulated::SimulatedBackend;
 use crate::core::cdi::CdiStore;
 use crate::core::checkpoint::Checkpoint;
-use crate::core::types::{ConfigEntry, ConfigSource};
+use crate::core::checkpoint::{ClaimRecord, ClaimState};
+use crate::core::state::*;
+use crate::core::types::{AllocatedDevice, ClaimAllocation, ClaimRef, ConfigEntry, ConfigSource};
 
 const GATES: &str = "TimeSlicingSettings=true,MPSSupport=true,ConsumableShares=true";
 
