@@ -17,8 +17,8 @@ use k8s_openapi::api::resource::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity as KQuantity;
 pub use pools::{Pool, SimNode, node_matches};
-use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 
 pub const ALLOCATION_RESULTS_MAX_SIZE: usize = 32;
 
@@ -73,6 +73,68 @@ impl AllocatedState {
     }
 }
 
+/// Per-device data derived from a fixed set of slices and classes, shareable between allocators
+/// (one per pod, like the scheduler's per-cycle allocator) as long as the slices and classes stay
+/// the same, much as the scheduler keeps its slice informer cache between cycles: the CEL
+/// `device` value of each device (built once, on first use) and the outcome of each class's
+/// selectors on it (errors are not kept: they are raised again, with the claim's name).
+pub struct DeviceCache {
+    devices: Vec<Vec<DeviceEntry>>,
+    /// per slice: parsed shared counters (counter set -> counter -> quantity)
+    counters: Vec<OnceLock<Counters>>,
+    /// per slice: the first device name that occurs twice in it
+    dup_name: Vec<OnceLock<Option<String>>>,
+    /// per slice: the counters its devices consume, by counter set, in order of first use
+    counter_refs: Vec<OnceLock<CounterRefs>>,
+}
+
+type CounterRefs = Vec<(String, Vec<String>)>;
+
+#[derive(Default)]
+struct DeviceEntry {
+    value: OnceLock<Result<Value, String>>,
+    /// class name -> all class selectors true
+    class_ok: Mutex<Vec<(String, bool)>>,
+}
+
+impl DeviceCache {
+    pub fn new(slices: &[ResourceSlice]) -> Self {
+        DeviceCache {
+            devices: slices
+                .iter()
+                .map(|s| {
+                    (0..s.spec.devices.as_ref().map_or(0, |d| d.len()))
+                        .map(|_| DeviceEntry::default())
+                        .collect()
+                })
+                .collect(),
+            counters: slices.iter().map(|_| OnceLock::new()).collect(),
+            dup_name: slices.iter().map(|_| OnceLock::new()).collect(),
+            counter_refs: slices.iter().map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    fn counters(&self, slices: &[ResourceSlice], i: usize) -> &Counters {
+        self.counters[i].get_or_init(|| {
+            let mut sets = Counters::new();
+            for cs in slices[i].spec.shared_counters.iter().flatten() {
+                let m = cs
+                    .counters
+                    .iter()
+                    .map(|(k, c)| {
+                        (
+                            k.clone(),
+                            Quantity::parse(&c.value.0).unwrap_or(Quantity::ZERO),
+                        )
+                    })
+                    .collect();
+                sets.entry(cs.name.clone()).or_insert(m);
+            }
+            sets
+        })
+    }
+}
+
 /// One allocator over a fixed set of slices and classes, reusable for many nodes (like the
 /// scheduler's per-cycle allocator). CEL device values and compiled selectors are cached.
 pub struct Allocator<'a> {
@@ -82,7 +144,7 @@ pub struct Allocator<'a> {
     slices_shared: Vec<usize>,
     pub allocated: AllocatedState,
     pub cel: Cache,
-    device_values: RefCell<HashMap<(usize, usize), Result<Value, String>>>,
+    cache: Arc<DeviceCache>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
@@ -158,18 +220,43 @@ struct ResultDev<'a> {
 
 type Counters = BTreeMap<String, BTreeMap<String, Quantity>>;
 
+/// A small multiply-rotate hasher (FxHash-style) for the search's maps, whose keys are a few
+/// machine words; SipHash showed up in profiles.
+#[derive(Default, Clone, Copy)]
+pub(crate) struct FastHasher(u64);
+
+impl std::hash::Hasher for FastHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for b in bytes {
+            self.write_u64(*b as u64);
+        }
+    }
+    fn write_u64(&mut self, i: u64) {
+        self.0 = (self.0.rotate_left(5) ^ i).wrapping_mul(0x51_7c_c1_b7_27_22_0a_95);
+    }
+    fn write_usize(&mut self, i: usize) {
+        self.write_u64(i as u64);
+    }
+}
+
+pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+
 pub(crate) struct Run<'a> {
     pub a: &'a Allocator<'a>,
     pub node: &'a SimNode,
     pub claims: &'a [ResourceClaim],
     pub pools: Vec<Pool<'a>>,
-    pub req_data: HashMap<ReqKey, ReqData<'a>>,
+    pub req_data: FastMap<ReqKey, ReqData<'a>>,
     constraints: Vec<Vec<Constraint<'a>>>,
-    matches: HashMap<(DevRef, ReqKey), bool>,
-    allocating: HashMap<DevRef, Vec<usize>>,
-    allocating_capacity: HashMap<DevRef, BTreeMap<String, Quantity>>,
-    consumed_counters: HashMap<usize, Counters>,
-    available_counters: HashMap<usize, Counters>,
+    matches: FastMap<(DevRef, ReqKey), bool>,
+    allocating: FastMap<DevRef, Vec<usize>>,
+    allocating_capacity: FastMap<DevRef, BTreeMap<String, Quantity>>,
+    consumed_counters: FastMap<usize, Counters>,
+    available_counters: FastMap<usize, Counters>,
+    programs: std::cell::RefCell<FastMap<(usize, usize), Arc<Result<cel::Program, String>>>>,
     results: Vec<Vec<ResultDev<'a>>>,
     share_seq: u64,
 }
@@ -185,6 +272,23 @@ impl<'a> Allocator<'a> {
         slices: &'a [ResourceSlice],
         allocated: AllocatedState,
     ) -> Self {
+        let cache = Arc::new(DeviceCache::new(slices));
+        Self::with_cache(classes, slices, allocated, cache)
+    }
+
+    /// Like [`Allocator::new`], reusing per-device data (see [`DeviceCache`]) built for exactly
+    /// these slices and classes.
+    pub fn with_cache(
+        classes: &'a [DeviceClass],
+        slices: &'a [ResourceSlice],
+        allocated: AllocatedState,
+        cache: Arc<DeviceCache>,
+    ) -> Self {
+        assert_eq!(
+            cache.devices.len(),
+            slices.len(),
+            "cache built for other slices"
+        );
         let mut on_node: HashMap<&str, Vec<usize>> = HashMap::new();
         let mut shared = Vec::new();
         for (i, s) in slices.iter().enumerate() {
@@ -203,7 +307,7 @@ impl<'a> Allocator<'a> {
             slices_shared: shared,
             allocated,
             cel: Cache::default(),
-            device_values: RefCell::new(HashMap::new()),
+            cache,
         }
     }
 
@@ -214,22 +318,84 @@ impl<'a> Allocator<'a> {
         v
     }
 
-    pub(crate) fn device_value(&self, slice_idx: usize, dev_idx: usize) -> Result<Value, String> {
-        if let Some(v) = self.device_values.borrow().get(&(slice_idx, dev_idx)) {
-            return v.clone();
+    pub(crate) fn device_value(&self, slice_idx: usize, dev_idx: usize) -> &Result<Value, String> {
+        self.cache.devices[slice_idx][dev_idx]
+            .value
+            .get_or_init(|| {
+                let s = &self.slices[slice_idx];
+                let d = &s.spec.devices.as_ref().expect("device index")[dev_idx];
+                cel::device_value(
+                    &s.spec.driver,
+                    d.attributes.as_ref(),
+                    d.capacity.as_ref(),
+                    d.allow_multiple_allocations.unwrap_or(false),
+                )
+            })
+    }
+
+    pub(crate) fn cache_counters(&self, slice_idx: usize) -> &Counters {
+        self.cache.counters(self.slices, slice_idx)
+    }
+
+    pub(crate) fn cache_counter_refs(&self, slice_idx: usize) -> &CounterRefs {
+        self.cache.counter_refs[slice_idx].get_or_init(|| {
+            let mut refs: CounterRefs = Vec::new();
+            for d in self.slices[slice_idx].spec.devices.iter().flatten() {
+                for cc in d.consumes_counters.iter().flatten() {
+                    let i = match refs.iter().position(|(s, _)| *s == cc.counter_set) {
+                        Some(i) => i,
+                        None => {
+                            refs.push((cc.counter_set.clone(), Vec::new()));
+                            refs.len() - 1
+                        }
+                    };
+                    for n in cc.counters.keys() {
+                        if !refs[i].1.contains(n) {
+                            refs[i].1.push(n.clone());
+                        }
+                    }
+                }
+            }
+            refs
+        })
+    }
+
+    pub(crate) fn cache_dup_name(&self, slice_idx: usize) -> Option<&str> {
+        self.cache.dup_name[slice_idx]
+            .get_or_init(|| {
+                let mut seen = HashSet::new();
+                self.slices[slice_idx]
+                    .spec
+                    .devices
+                    .iter()
+                    .flatten()
+                    .find(|d| !seen.insert(d.name.as_str()))
+                    .map(|d| d.name.clone())
+            })
+            .as_deref()
+    }
+
+    pub(crate) fn class_result(
+        &self,
+        slice_idx: usize,
+        dev_idx: usize,
+        class: &str,
+    ) -> Option<bool> {
+        let e = self.cache.devices[slice_idx][dev_idx]
+            .class_ok
+            .lock()
+            .expect("class cache lock");
+        e.iter().find(|(c, _)| c == class).map(|(_, b)| *b)
+    }
+
+    fn set_class_result(&self, slice_idx: usize, dev_idx: usize, class: &str, ok: bool) {
+        let mut e = self.cache.devices[slice_idx][dev_idx]
+            .class_ok
+            .lock()
+            .expect("class cache lock");
+        if !e.iter().any(|(c, _)| c == class) {
+            e.push((class.to_string(), ok));
         }
-        let s = &self.slices[slice_idx];
-        let d = &s.spec.devices.as_ref().expect("device index")[dev_idx];
-        let v = cel::device_value(
-            &s.spec.driver,
-            d.attributes.as_ref(),
-            d.capacity.as_ref(),
-            d.allow_multiple_allocations.unwrap_or(false),
-        );
-        self.device_values
-            .borrow_mut()
-            .insert((slice_idx, dev_idx), v.clone());
-        v
     }
 
     /// Allocates all `claims` (one pod) on `node`.
@@ -247,13 +413,14 @@ impl<'a> Allocator<'a> {
             node,
             claims,
             pools,
-            req_data: HashMap::new(),
+            req_data: FastMap::default(),
             constraints: Vec::new(),
-            matches: HashMap::new(),
-            allocating: HashMap::new(),
-            allocating_capacity: HashMap::new(),
-            consumed_counters: HashMap::new(),
-            available_counters: HashMap::new(),
+            matches: FastMap::default(),
+            allocating: FastMap::default(),
+            allocating_capacity: FastMap::default(),
+            consumed_counters: FastMap::default(),
+            available_counters: FastMap::default(),
+            programs: Default::default(),
             results: claims.iter().map(|_| Vec::new()).collect(),
             share_seq: 0,
         };
@@ -541,7 +708,7 @@ impl<'a> Run<'a> {
     ) -> Result<bool, String> {
         for (i, s) in selectors.iter().enumerate() {
             let expr = s.cel.as_ref().map(|c| c.expression.as_str()).unwrap_or("");
-            let prog = self.a.cel.get_or_compile(expr);
+            let prog = self.program(expr);
             let who = || match class {
                 Some(c) => format!("class {}", c.metadata.name.as_deref().unwrap_or("")),
                 None => format!("claim {}", claim_name(&self.claims[key.claim])),
@@ -553,7 +720,10 @@ impl<'a> Run<'a> {
             let pool = &self.pools[d.pool];
             let (gslice, _) = pool.slices[d.slice];
             let dev_val = self.a.device_value(gslice, d.device);
-            let r = dev_val.and_then(|v| prog.eval(&v));
+            let r = match dev_val {
+                Ok(v) => prog.eval(v),
+                Err(e) => Err(e.clone()),
+            };
             match r {
                 Ok(true) => {}
                 Ok(false) => return Ok(false),
@@ -573,6 +743,18 @@ impl<'a> Run<'a> {
         Ok(true)
     }
 
+    /// The compiled selector, memoized by the expression's address (the claim and class objects
+    /// outlive the run), so that the text is hashed once per selector rather than per device.
+    fn program(&self, expr: &str) -> Arc<Result<cel::Program, String>> {
+        let key = (expr.as_ptr() as usize, expr.len());
+        if let Some(p) = self.programs.borrow().get(&key) {
+            return p.clone();
+        }
+        let p = self.a.cel.get_or_compile(expr);
+        self.programs.borrow_mut().insert(key, p.clone());
+        p
+    }
+
     pub(crate) fn is_selectable(
         &mut self,
         key: ReqKey,
@@ -583,8 +765,18 @@ impl<'a> Run<'a> {
             return Ok(*m);
         }
         if let Some(class) = rd.class {
-            let sels = class_spec(class).selectors.as_deref().unwrap_or(&[]);
-            if !self.selectors_match(key, d, Some(class), sels)? {
+            let cname = class.metadata.name.as_deref().unwrap_or("");
+            let gslice = self.pools[d.pool].slices[d.slice].0;
+            let ok = match self.a.class_result(gslice, d.device, cname) {
+                Some(ok) => ok,
+                None => {
+                    let sels = class_spec(class).selectors.as_deref().unwrap_or(&[]);
+                    let ok = self.selectors_match(key, d, Some(class), sels)?;
+                    self.a.set_class_result(gslice, d.device, cname, ok);
+                    ok
+                }
+            };
+            if !ok {
                 self.matches.insert((d, key), false);
                 return Ok(false);
             }
@@ -985,7 +1177,15 @@ impl<'a> Run<'a> {
         if !self.available_counters.contains_key(&pool_idx) {
             let pool = &self.pools[pool_idx];
             let mut avail: Counters = pool.counter_sets.clone();
-            for &(gs, _) in pool.slices.iter().chain(pool.not_targeting.iter()) {
+            let nothing_allocated =
+                self.a.allocated.devices.is_empty() && self.a.allocated.shared.is_empty();
+            let scan: &[(usize, i64)] = if nothing_allocated { &[] } else { &pool.slices };
+            let scan_nt: &[(usize, i64)] = if nothing_allocated {
+                &[]
+            } else {
+                &pool.not_targeting
+            };
+            for &(gs, _) in scan.iter().chain(scan_nt.iter()) {
                 let s = &self.a.slices[gs];
                 for dev in s.spec.devices.iter().flatten() {
                     let id = (
@@ -1021,11 +1221,18 @@ impl<'a> Run<'a> {
         self.available(d.pool);
         let consumed = self.consumed_counters.entry(d.pool).or_default();
         for cc in dev.consumes_counters.iter().flatten() {
-            let set = consumed.entry(cc.counter_set.clone()).or_default();
+            if !consumed.contains_key(&cc.counter_set) {
+                consumed.insert(cc.counter_set.clone(), BTreeMap::new());
+            }
+            let set = consumed.get_mut(&cc.counter_set).expect("inserted");
             for (n, c) in &cc.counters {
                 let q = Quantity::parse(&c.value.0)?;
-                let e = set.entry(n.clone()).or_insert(Quantity::ZERO);
-                *e = e.add(&q)?;
+                match set.get_mut(n) {
+                    Some(e) => *e = e.add(&q)?,
+                    None => {
+                        set.insert(n.clone(), q);
+                    }
+                }
             }
         }
         let avail = &self.available_counters[&d.pool];

@@ -298,55 +298,55 @@ fn build_pool<'a>(
         counter_sets,
         all,
     };
-    let mut seen = HashSet::new();
-    for &i in &device_slices {
-        for d in all[i].spec.devices.iter().flatten() {
-            if !seen.insert(d.name.as_str()) {
-                return mk(
-                    Some(format!("duplicate device name {}", d.name)),
-                    BTreeMap::new(),
-                );
+    if device_slices.len() == 1 {
+        if let Some(n) = a.cache_dup_name(device_slices[0]) {
+            return mk(Some(format!("duplicate device name {n}")), BTreeMap::new());
+        }
+    } else {
+        let mut seen = HashSet::new();
+        for &i in &device_slices {
+            for d in all[i].spec.devices.iter().flatten() {
+                if !seen.insert(d.name.as_str()) {
+                    return mk(
+                        Some(format!("duplicate device name {}", d.name)),
+                        BTreeMap::new(),
+                    );
+                }
             }
         }
     }
     let mut sets: BTreeMap<String, BTreeMap<String, Quantity>> = BTreeMap::new();
     for &i in &counter_slices {
-        for cs in all[i].spec.shared_counters.iter().flatten() {
-            if sets.contains_key(&cs.name) {
+        // set names are unique within a slice (validation); across slices they must differ too
+        let parsed = a.cache_counters(i);
+        if sets.is_empty() {
+            sets = parsed.clone();
+            continue;
+        }
+        for (name, m) in parsed {
+            if sets.contains_key(name) {
                 return mk(
-                    Some(format!("duplicate counter set name {}", cs.name)),
+                    Some(format!("duplicate counter set name {name}")),
                     BTreeMap::new(),
                 );
             }
-            let mut m = BTreeMap::new();
-            for (k, c) in &cs.counters {
-                m.insert(
-                    k.clone(),
-                    Quantity::parse(&c.value.0).unwrap_or(Quantity::ZERO),
-                );
-            }
-            sets.insert(cs.name.clone(), m);
+            sets.insert(name.clone(), m.clone());
         }
     }
     for &i in device_slices.iter().chain(not_targeting.iter()) {
-        for d in all[i].spec.devices.iter().flatten() {
-            for cc in d.consumes_counters.iter().flatten() {
-                let Some(set) = sets.get(&cc.counter_set) else {
+        for (set_name, counters) in a.cache_counter_refs(i) {
+            let Some(set) = sets.get(set_name) else {
+                return mk(
+                    Some(format!("counter set {set_name} not found")),
+                    BTreeMap::new(),
+                );
+            };
+            for n in counters {
+                if !set.contains_key(n) {
                     return mk(
-                        Some(format!("counter set {} not found", cc.counter_set)),
+                        Some(format!("counter {n} not found in counter set {set_name}")),
                         BTreeMap::new(),
                     );
-                };
-                for n in cc.counters.keys() {
-                    if !set.contains_key(n) {
-                        return mk(
-                            Some(format!(
-                                "counter {n} not found in counter set {}",
-                                cc.counter_set
-                            )),
-                            BTreeMap::new(),
-                        );
-                    }
                 }
             }
         }
