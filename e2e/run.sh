@@ -33,7 +33,7 @@ bstart=$SECONDS
 BIN="$(bash e2e/controlplane/build.sh | tail -n 1)"
 echo "   ($(( SECONDS - bstart ))s)"
 
-echo "== building dra-plugin and the e2e harness"
+echo "== building dra-plugin, dra-controller and the e2e harness"
 bstart=$SECONDS
 PROFILE_DIR=debug
 case "${CARGO_PROFILE_FLAGS:-}" in *--release*) PROFILE_DIR=release ;; esac
@@ -44,6 +44,11 @@ else
   # shellcheck disable=SC2086
   cargo build ${CARGO_PROFILE_FLAGS:-} -p dra-plugin
   PLUGIN_BIN="$TARGET_DIR/$PROFILE_DIR/dra-plugin"
+fi
+if [ -z "${E2E_CONTROLLER_BIN:-}" ]; then
+  # shellcheck disable=SC2086
+  cargo build ${CARGO_PROFILE_FLAGS:-} -p dra-controller --bin dra-controller
+  export E2E_CONTROLLER_BIN="$TARGET_DIR/$PROFILE_DIR/dra-controller"
 fi
 # Every test target of the e2e crate by default (tests/*.rs); E2E_TEST_TARGETS="--test scenarios"
 # narrows it to one file.

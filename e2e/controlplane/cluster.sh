@@ -75,7 +75,7 @@ _apiserver_supervisor() {
       --service-account-key-file="$CLUSTER_DIR/sa.key" \
       --service-account-signing-key-file="$CLUSTER_DIR/sa.key" \
       --token-auth-file="$CLUSTER_DIR/tokens.csv" \
-      --authorization-mode=RBAC \
+      --authorization-mode=RBAC --allow-privileged=true \
       --endpoint-reconciler-type=none \
       --disable-admission-plugins=ServiceAccount,TaintNodesByCondition \
       --service-cluster-ip-range=10.0.0.0/24 \
