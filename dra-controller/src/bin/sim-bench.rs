@@ -209,8 +209,39 @@ fn main() -> anyhow::Result<()> {
     let rust_warm = start.elapsed().as_secs_f64() / witers as f64;
     println!("alloc: rust {rust_warm:.4} s per pod (warm: device cache kept between pods)");
     if let Some(bin) = &go {
-        let case = json!([{"classes": classes.classes, "slices": all_slices, "claims": claims.claims, "allocated": []}]);
-        let r = run_go(bin, "bench-alloc", &case);
+        // one input file for the Go side, streamed from the same objects (a JSON tree in memory
+        // would not fit at 5,000 nodes)
+        #[derive(serde::Serialize)]
+        struct AllocCase<'a> {
+            classes: &'a [k8s_openapi::api::resource::v1::DeviceClass],
+            slices: &'a [k8s_openapi::api::resource::v1::ResourceSlice],
+            claims: &'a [k8s_openapi::api::resource::v1::ResourceClaim],
+            allocated: [(); 0],
+        }
+        let path = std::env::temp_dir().join(format!("sim-bench-alloc-{nodes}.json"));
+        {
+            let f = std::io::BufWriter::new(std::fs::File::create(&path)?);
+            serde_json::to_writer(
+                f,
+                &[AllocCase {
+                    classes: &classes.classes,
+                    slices: &all_slices,
+                    claims: &claims.claims,
+                    allocated: [],
+                }],
+            )?;
+        }
+        let out = Command::new(bin)
+            .arg("bench-alloc")
+            .stdin(std::fs::File::open(&path)?)
+            .output()?;
+        let _ = std::fs::remove_file(&path);
+        anyhow::ensure!(
+            out.status.success(),
+            "oracle bench-alloc failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let r: serde_json::Value = serde_json::from_slice(&out.stdout)?;
         let go_pod = r["seconds_per_pod"].as_f64().unwrap_or(0.0);
         println!(
             "alloc: go   {:.4} s per pod ({} nodes fit); ratio go/rust = {:.2}x cold, {:.2}x warm (goal >= 10x)",

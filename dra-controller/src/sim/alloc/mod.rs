@@ -242,6 +242,8 @@ impl std::hash::Hasher for FastHasher {
     }
 }
 
+type CompiledSelector = Arc<Result<cel::Program, String>>;
+
 pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
 
 pub(crate) struct Run<'a> {
@@ -256,7 +258,7 @@ pub(crate) struct Run<'a> {
     allocating_capacity: FastMap<DevRef, BTreeMap<String, Quantity>>,
     consumed_counters: FastMap<usize, Counters>,
     available_counters: FastMap<usize, Counters>,
-    programs: std::cell::RefCell<FastMap<(usize, usize), Arc<Result<cel::Program, String>>>>,
+    programs: std::cell::RefCell<FastMap<(usize, usize), CompiledSelector>>,
     results: Vec<Vec<ResultDev<'a>>>,
     share_seq: u64,
 }

@@ -1,9 +1,10 @@
 //! The Kubernetes DRA CEL environment (`k8s.io/dynamic-resource-allocation/cel`), built on the `cel`
-//! crate.
+//! crate (0.15).
 //!
-//! What comes from the `cel` crate: the parser (ANTLR grammar, macro expansion of `has`, `all`,
-//! `exists`, `exists_one`, `map`, `filter`, optional syntax `.?`/`[?]`, source positions and the
-//! `ERROR: <input>:L:C:` parse-error format).
+//! What comes from the `cel` crate: the parser only — ANTLR grammar, macro expansion of `has`,
+//! `all`, `exists`, `exists_one`, `map`, `filter`, optional syntax `.?`/`[?]`, source positions and
+//! the `ERROR: <input>:L:C:` parse-error text (wrapped in `compile()`: `compilation failed: ` prefix
+//! and cel-go's ` | ` caret-line indentation).
 //!
 //! Where we extend or wrap it (the crate has no static checker, no Kubernetes libraries and no cost
 //! limits, and its interpreter cannot express the `device` object's defaulting maps):
@@ -11,19 +12,30 @@
 //!   `attributes` as `map(string, map(string, google.protobuf.Any))`, `capacity` as
 //!   `map(string, map(string, kubernetes.Quantity))`, `allowMultipleAllocations`) and the library
 //!   signatures, giving cel-go's compile errors (undeclared reference, no matching overload,
-//!   heterogeneous literals, result must be bool or the unknown type) and regex-literal validation;
-//!   two-variable comprehensions (`all/exists/existsOne(k, v, p)`) and `cel.bind`, which the crate's
-//!   parser leaves as plain calls.
+//!   heterogeneous literals, result must be bool or the unknown type) and regex-literal validation.
+//!   Macros the crate's parser leaves as plain calls are expanded here into our comprehension
+//!   nodes: two-variable comprehensions (`all/exists/existsOne(k, v, p)`), `transformList`,
+//!   `transformMap`, `transformMapEntry` (with and without filter), the ext.Lists `sortBy` macro,
+//!   and `cel.bind`.
 //! - `eval.rs`: our own interpreter over the checked program (compiled once, cached by `Cache`),
 //!   with cel-go's error-absorbing `&&`/`||`, heterogeneous equality, cross-type numeric
-//!   comparison, optional types, ext.Strings v2, ext.Lists v3 (except the `sortBy` macro),
-//!   Kubernetes lists library, ext.Sets, regex `find`/`findAll`, and a runtime cost counter with the
-//!   1,000,000 limit (`actual cost limit exceeded`).
-//! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic; `semver.rs`: blang/semver
-//!   rules and the library's normalize mode.
+//!   comparison, optional types (presence tests on non-maps answer "absent" like cel-go),
+//!   ext.Strings v2 (+ `strings.quote`), ext.Lists v3, Kubernetes lists library v1 (with
+//!   `includes`, new in 1.37), ext.Sets, regex `find`/`findAll`, and a runtime cost counter with
+//!   the 1,000,000 limit (`actual cost limit exceeded`).
+//! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic and canonical formatting
+//!   that keeps the parsed format (`10Gi` stays `10Gi`; `sign(q)` is a global function, as
+//!   upstream); `semver.rs`: blang/semver rules and the library's normalize mode.
+//! - `device_value` builds the `device` variable once per device; the allocator keeps it in its
+//!   `DeviceCache` (see `sim::alloc`).
 //!
-//! Not covered: URL/IP/CIDR/format/authz libraries, `includes()` (gated by DRAListTypeAttributes,
-//! off), static cost estimation (the scheduler disables it; only admission uses it).
+//! Checked against cel-go by `tests/sim_differential.rs` (random selectors over random devices,
+//! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2).
+//!
+//! Not covered (documented differences): the URL, IP/CIDR, format (`"%s".format`) and authz
+//! libraries of the base environment; static cost estimation (the scheduler does not estimate;
+//! only admission does); the wording of some runtime `no such overload` errors (cel-go adds the
+//! function and argument types).
 pub mod compile;
 pub mod eval;
 pub mod quantity;
