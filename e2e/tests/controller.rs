@@ -20,7 +20,9 @@ use k8s_openapi::api::admissionregistration::v1::{
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaimTemplate, ResourceSlice};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -133,8 +135,13 @@ impl World {
     async fn apply_crds(&self) -> Result<()> {
         let path = Self::repo().join("deploy/crds/crds.yaml");
         let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+        self.apply_crd_docs(yaml_docs(&text)?).await
+    }
+
+    /// Server-side applies CRDs and waits until each is Established.
+    async fn apply_crd_docs(&self, docs: Vec<Value>) -> Result<()> {
         let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        for doc in yaml_docs(&text)? {
+        for doc in docs {
             let name = doc["metadata"]["name"]
                 .as_str()
                 .context("CRD name")?
@@ -248,12 +255,18 @@ impl World {
 
     /// Applies `gpu-cluster` with the pool on our label and compute domains on.
     async fn apply_gpucluster(&self) -> Result<()> {
+        self.apply_gpucluster_pool(json!({ "matchLabels": { POOL_LABEL: "true" } }))
+            .await
+    }
+
+    /// Applies `gpu-cluster` with compute domains on and `selector` as the pool's node selector.
+    async fn apply_gpucluster_pool(&self, selector: Value) -> Result<()> {
         let gc = json!({
             "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
             "metadata": { "name": "gpu-cluster" },
             "spec": {
                 "draDriver": { "computeDomains": { "enabled": true } },
-                "migrationPool": { "nodeSelector": { "matchLabels": { POOL_LABEL: "true" } } },
+                "migrationPool": { "nodeSelector": selector },
             },
         });
         gpuclusters(&self.client)
@@ -279,6 +292,40 @@ impl World {
                 Ok(Some(status))
             } else {
                 Err(anyhow!("status now: {status}"))
+            }
+        })
+        .await
+    }
+
+    /// Sets (`Some`) or removes (`None`) one label of a node.
+    async fn set_node_label(&self, name: &str, key: &str, value: Option<&str>) -> Result<()> {
+        let patch = json!({ "metadata": { "labels": { key: value } } });
+        Api::<Node>::all(self.client.clone())
+            .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await?;
+        Ok(())
+    }
+
+    /// Waits until the node's DRA-plugin and device-plugin labels are `dra` and `device_plugin`
+    /// (`None`: absent).
+    async fn wait_node_labels(
+        &self,
+        name: &str,
+        dra: Option<&str>,
+        device_plugin: Option<&str>,
+    ) -> Result<()> {
+        let what = format!("{name}: {DRA_LABEL}={dra:?}, {DEVICE_PLUGIN_LABEL}={device_plugin:?}");
+        wait_until(&what, WAIT, || async {
+            self.controller_alive()?;
+            let labels = self.node_labels(name).await?;
+            let now = (
+                labels.get(DRA_LABEL).map(String::as_str),
+                labels.get(DEVICE_PLUGIN_LABEL).map(String::as_str),
+            );
+            if now == (dra, device_plugin) {
+                Ok(Some(()))
+            } else {
+                Err(anyhow!("labels now {now:?}"))
             }
         })
         .await
@@ -590,7 +637,10 @@ async fn c3_vap_confines_the_plugin_service_account_to_its_node() -> Result<()> 
             }
         })
         .await?;
-        assert_eq!(denied.code, 422, "a policy denial without a reason is Invalid: {denied:?}");
+        assert_eq!(
+            denied.code, 422,
+            "a policy denial without a reason is Invalid: {denied:?}"
+        );
         assert!(denied.message.contains("ctl-c3-b"), "{}", denied.message);
         println!("c3: denied: {}", denied.message);
         // Deleting its own slice is allowed; the admin may still write any slice.
@@ -715,6 +765,242 @@ async fn c4_computedomain_objects_status_and_cleanup() -> Result<()> {
         println!("c4: deleted; templates, DaemonSet and node label gone");
         pods.delete("daemon-ctl-c4-a", &DeleteParams { grace_period_seconds: Some(0), ..Default::default() })
             .await?;
+        Ok(())
+    })
+    .await
+}
+
+/// The helm binary: `E2E_HELM_BIN`, or what `deploy/helm/build-helm.sh` builds (or finds cached) from
+/// the Go module proxy.
+async fn helm_bin() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("E2E_HELM_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let script = World::repo().join("deploy/helm/build-helm.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .await
+        .with_context(|| format!("running {}", script.display()))?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let stdout = String::from_utf8(out.stdout)?;
+    let bin = stdout
+        .lines()
+        .last()
+        .map(PathBuf::from)
+        .context("build-helm.sh printed no path")?;
+    if !bin.exists() {
+        bail!(
+            "build-helm.sh printed {}, which does not exist",
+            bin.display()
+        );
+    }
+    Ok(bin)
+}
+
+/// `helm template` of the chart into namespace `NS` with `--set` values, as parsed documents.
+async fn helm_template(helm: &Path, sets: &[&str]) -> Result<Vec<Value>> {
+    let chart = World::repo().join("deploy/helm/gpu-dra-driver");
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "gpu-dra"])
+        .arg(&chart)
+        .args(["--namespace", NS, "--include-crds"]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().await.context("running helm template")?;
+    if !out.status.success() {
+        bail!(
+            "helm template {sets:?} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    yaml_docs(&String::from_utf8(out.stdout)?)
+}
+
+fn kind_name(doc: &Value) -> String {
+    format!(
+        "{}/{}",
+        doc["kind"].as_str().unwrap_or("?"),
+        doc["metadata"]["name"].as_str().unwrap_or("?")
+    )
+}
+
+#[tokio::test]
+async fn c5_helm_chart_renders_and_passes_server_dry_run() -> Result<()> {
+    scenario("c5", async |w| {
+        let helm = helm_bin().await?;
+        let version = Command::new(&helm)
+            .args(["version", "--template", "{{.Version}}"])
+            .output()
+            .await?;
+        println!(
+            "c5: {} {}",
+            helm.display(),
+            String::from_utf8_lossy(&version.stdout)
+        );
+
+        // Without the CR (the default) the chart has no GPUCluster.
+        let plain = helm_template(&helm, &[]).await?;
+        assert!(
+            !plain.iter().any(|d| d["kind"] == "GPUCluster"),
+            "GPUCluster rendered with deployCR=false"
+        );
+
+        let docs = helm_template(&helm, &["gpuCluster.deployCR=true"]).await?;
+        let mut rendered: Vec<String> = docs.iter().map(kind_name).collect();
+        rendered.sort();
+        assert_eq!(
+            rendered,
+            [
+                "ClusterRole/gpu-dra-controller",
+                "ClusterRoleBinding/gpu-dra-controller",
+                "CustomResourceDefinition/computedomains.resource.nvidia.com",
+                "CustomResourceDefinition/gpuclusters.nvidia.com",
+                "Deployment/gpu-dra-controller",
+                "GPUCluster/gpu-cluster",
+                "Service/gpu-dra-controller-metrics",
+                "ServiceAccount/gpu-dra-controller",
+            ],
+            "objects rendered by the chart"
+        );
+        let gc = docs
+            .iter()
+            .find(|d| d["kind"] == "GPUCluster")
+            .context("GPUCluster")?;
+        assert_eq!(
+            gc["spec"]["draDriver"]["version"], "v0.1.0",
+            "the CR's driver version defaults to the chart's appVersion: {gc}"
+        );
+
+        // The chart's CRDs for real (the GPUCluster needs its schema), then everything else dry-run.
+        let (crds, objects): (Vec<Value>, Vec<Value>) = docs
+            .into_iter()
+            .partition(|d| d["kind"] == "CustomResourceDefinition");
+        w.apply_crd_docs(crds).await?;
+        let discovery = wait_until("discovery to serve nvidia.com GPUCluster", WAIT, || async {
+            let d = kube::Discovery::new(w.client.clone()).run().await?;
+            let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster");
+            Ok(d.resolve_gvk(&gvk).is_some().then_some(d))
+        })
+        .await?;
+        for obj in &objects {
+            e2e::env::dry_run_create(&w.client, &discovery, obj, NS)
+                .await
+                .with_context(|| format!("server-side dry-run of {}", kind_name(obj)))?;
+        }
+        println!("c5: {} objects passed server-side dry-run", objects.len());
+        // Dry-run leaves nothing behind.
+        let deployments: Api<Deployment> = Api::namespaced(w.client.clone(), NS);
+        assert!(deployments.get_opt("gpu-dra-controller").await?.is_none());
+        if let Some(gc) = gpuclusters(&w.client).get_opt("gpu-cluster").await? {
+            assert!(
+                gc.managed_fields()
+                    .iter()
+                    .all(|m| m.manager.as_deref() != Some("e2e-validate")),
+                "a dry-run wrote the GPUCluster"
+            );
+        }
+
+        // The check can fail: the same path rejects what the API server finds invalid.
+        let mut broken = objects
+            .iter()
+            .find(|d| d["kind"] == "Deployment")
+            .cloned()
+            .context("Deployment")?;
+        broken["spec"]["replicas"] = json!(-1);
+        let err = e2e::env::dry_run_create(&w.client, &discovery, &broken, NS)
+            .await
+            .err()
+            .context("a Deployment with replicas -1 passed dry-run")?;
+        assert!(format!("{err:#}").contains("replicas"), "{err:#}");
+        Ok(())
+    })
+    .await
+}
+
+#[tokio::test]
+async fn c6_relabelling_moves_the_pool_and_claims_hold_a_leaving_node() -> Result<()> {
+    scenario("c6", async |w| {
+        w.node("ctl-c6-a", None).await?;
+        w.node("ctl-c6-b", None).await?;
+        w.set_node_label("ctl-c6-b", POOL_LABEL, None).await?;
+        w.namespace("ctl-c6").await?;
+        w.start_controller()?;
+        w.apply_gpucluster().await?;
+
+        // Only a matches the pool's selector.
+        w.wait_node_labels("ctl-c6-a", Some("true"), Some("false")).await?;
+        w.wait_node_labels("ctl-c6-b", None, None).await?;
+        w.gpucluster_status("pool 1 / ready 1", |s| {
+            s["poolNodes"] == 1 && s["readyNodes"] == 1
+        })
+        .await?;
+
+        // Relabel the nodes: the pool moves from a to b; a gets the device plugin back (no plugin pod
+        // and no claims there, so nothing holds it).
+        w.set_node_label("ctl-c6-b", POOL_LABEL, Some("true")).await?;
+        w.set_node_label("ctl-c6-a", POOL_LABEL, None).await?;
+        w.wait_node_labels("ctl-c6-b", Some("true"), Some("false")).await?;
+        w.wait_node_labels("ctl-c6-a", None, None).await?;
+        println!("c6: node relabelled, pool moved a -> b");
+
+        // Change the GPUCluster's selector instead: back to a by hostname.
+        w.apply_gpucluster_pool(json!({ "matchLabels": { "kubernetes.io/hostname": "ctl-c6-a" } }))
+            .await?;
+        w.wait_node_labels("ctl-c6-a", Some("true"), Some("false")).await?;
+        w.wait_node_labels("ctl-c6-b", None, None).await?;
+        w.gpucluster_status("pool 1 / ready 1 after the selector change", |s| {
+            s["poolNodes"] == 1 && s["readyNodes"] == 1 && s["drainingNodes"].is_null()
+        })
+        .await?;
+        println!("c6: selector changed, pool moved b -> a");
+
+        // A claim allocated on a (as the scheduler would write it): a leaves the pool but keeps the
+        // plugin, listed as draining, until the claim is gone.
+        let claims: Api<ResourceClaim> = Api::namespaced(w.client.clone(), "ctl-c6");
+        let claim = json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": { "name": "held", "namespace": "ctl-c6" },
+            "spec": { "devices": { "requests": [
+                { "name": "gpu", "exactly": { "deviceClassName": "gpu.nvidia.com" } } ] } },
+        });
+        claims
+            .create(&PostParams::default(), &serde_json::from_value(claim)?)
+            .await?;
+        let allocation = json!({ "status": { "allocation": { "devices": { "results": [
+            { "request": "gpu", "driver": "gpu.nvidia.com", "pool": "ctl-c6-a", "device": "gpu-0" } ] } } } });
+        claims
+            .patch_status("held", &PatchParams::default(), &Patch::Merge(&allocation))
+            .await?;
+        w.apply_gpucluster_pool(json!({ "matchLabels": { "kubernetes.io/hostname": "ctl-c6-b" } }))
+            .await?;
+        w.wait_node_labels("ctl-c6-b", Some("true"), Some("false")).await?;
+        let status = w
+            .gpucluster_status("ctl-c6-a draining", |s| {
+                s["drainingNodes"] == json!(["ctl-c6-a"]) && s["poolNodes"] == 1
+            })
+            .await?;
+        println!("c6: a draining while a claim is allocated there: {status}");
+        let held = w.node_labels("ctl-c6-a").await?;
+        assert_eq!(
+            held.get(DRA_LABEL).map(String::as_str),
+            Some("true"),
+            "the plugin must stay to unprepare the claim"
+        );
+        assert_eq!(held.get(DEVICE_PLUGIN_LABEL).map(String::as_str), Some("false"));
+
+        claims.delete("held", &DeleteParams::default()).await?;
+        w.wait_node_labels("ctl-c6-a", None, None).await?;
+        w.gpucluster_status("nothing draining once the claim is gone", |s| {
+            s["drainingNodes"].is_null() && s["poolNodes"] == 1 && s["readyNodes"] == 1
+        })
+        .await?;
+        println!("c6: claim gone, a released");
         Ok(())
     })
     .await
