@@ -20,6 +20,10 @@ pub enum Command {
     Run(RunArgs),
     /// Print the ResourceSlices this node would publish, without a cluster.
     Slices(SlicesArgs),
+    /// Write a mock NVIDIA driver root (mock libnvidia-ml from hardware profiles) for
+    /// `--backend nvml` without a GPU; for tests (see backend/nvml_mock_root.rs).
+    #[command(hide = true)]
+    MockNvmlRoot(crate::backend::nvml_mock_root::MockRootArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

@@ -10,6 +10,7 @@ fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Slices(args) => dra_plugin::run::print_slices(args),
+        Command::MockNvmlRoot(args) => dra_plugin::backend::nvml_mock_root::run(args),
         // Two workers are plenty for a node agent and keep its memory small.
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)

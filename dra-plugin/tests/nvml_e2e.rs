@@ -181,6 +181,89 @@ fn claim(dir: &Path, name: &str, uid: &str, device: &str) -> v1::Claim {
     }
 }
 
+/// `dra-plugin mock-nvml-root`: the hardware named by the simulated backend's environment variable
+/// (here `SIMULATED_HARDWARE_FILE`, a YAML file with a static MIG layout) becomes a mock driver
+/// root, built with make, whose NVML publishes exactly the simulated slices.
+#[test]
+fn mock_nvml_root_subcommand_serves_the_profile_the_environment_names() {
+    if !can_build() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let hw = dir.path().join("hardware.yaml");
+    std::fs::write(
+        &hw,
+        "gpus:\n- profile: a100-80gb\n  count: 2\n  migLayout: all-balanced\n- profile: l40s\n",
+    )
+    .unwrap();
+    let out = dir.path().join("mock");
+    let run = |env: &[(&str, &std::ffi::OsStr)]| {
+        let mut c = Command::new(BIN);
+        c.args(["mock-nvml-root", "--node-name", "node-1", "--out"])
+            .arg(&out);
+        for v in [
+            "SIMULATED_PROFILES",
+            "SIMULATED_HARDWARE_FILE",
+            "SIMULATED_MIG_LAYOUT",
+            "MOCK_NVML_LIBRARY",
+            "MOCK_NVML_SOURCE",
+        ] {
+            c.env_remove(v);
+        }
+        c.envs(env.iter().copied()).output().unwrap()
+    };
+    let none = run(&[]);
+    assert!(!none.status.success(), "no hardware named: an error");
+    assert!(
+        String::from_utf8_lossy(&none.stderr).contains("--profile"),
+        "{}",
+        String::from_utf8_lossy(&none.stderr)
+    );
+
+    let o = run(&[("SIMULATED_HARDWARE_FILE", hw.as_os_str())]);
+    assert!(
+        o.status.success(),
+        "mock-nvml-root: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let root = out.join("root");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        stdout.contains(&format!("export NVIDIA_DRIVER_ROOT={}", root.display()))
+            && stdout.contains(&format!(
+                "export HOST_SYSFS_ROOT={}",
+                out.join("sys").display()
+            )),
+        "{stdout}"
+    );
+    assert!(root.join("usr/lib64/libnvidia-ml.so.1").is_file());
+    let nvml = slices(
+        &["--backend", "nvml", "--driver-root", root.to_str().unwrap()],
+        &out.join("sys"),
+    );
+    let sim = slices(
+        &[
+            "--backend",
+            "simulated",
+            "--hardware-file",
+            hw.to_str().unwrap(),
+        ],
+        &out.join("sys"),
+    );
+    assert_eq!(nvml, sim);
+    let names: Vec<&str> = nvml["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().unwrap())
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        names.iter().any(|n| n.starts_with("gpu-0-mig-")) && names.contains(&"gpu-2"),
+        "the static MIG layout and the L40S: {names:?}"
+    );
+}
+
 #[tokio::test]
 async fn dynamic_mig_prepare_creates_the_instance_in_nvml() {
     if !can_build() {

@@ -8,6 +8,7 @@ use gpu_dra_api::inventory::{Inventory, MigDevice};
 use crate::Error;
 
 pub mod nvml;
+pub mod nvml_mock_root;
 pub mod simulated;
 
 /// Blocking calls; async callers run them on the blocking pool.
