@@ -43,7 +43,8 @@ pub struct Plugin {
 
 impl Plugin {
     /// Starts `BIN run --backend simulated` for `node` with `extra` arguments (profiles, MIG layout,
-    /// feature gates). Output goes to `<node dir>/plugin.log`.
+    /// feature gates; a `--backend` there replaces the simulated one). Output goes to
+    /// `<node dir>/plugin.log`.
     pub fn start(
         bin: &Path,
         node: &str,
@@ -63,13 +64,18 @@ impl Plugin {
             dirs.plugin.display().to_string(),
             "--cdi-root".into(),
             dirs.cdi.display().to_string(),
-            "--backend".into(),
-            "simulated".into(),
             "--metrics-port".into(),
             "0".into(),
             "--healthcheck-port".into(),
             "0".into(),
         ];
+        // `extra` may pick another backend (`--backend nvml`); clap refuses the flag twice.
+        if !extra
+            .iter()
+            .any(|a| *a == "--backend" || a.starts_with("--backend="))
+        {
+            args.extend(["--backend".into(), "simulated".into()]);
+        }
         args.extend(extra.iter().map(|s| s.to_string()));
         let mut p = Plugin {
             bin: bin.to_path_buf(),

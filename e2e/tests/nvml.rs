@@ -1,0 +1,190 @@
+//! The NVML backend on the real control plane: a node whose plugin runs `--backend nvml` against
+//! the mock libnvidia-ml (`mock-nvml/`, built here with make + gcc through
+//! `dra-plugin mock-nvml-root`, from the same hardware profile the simulated nodes use). Dynamic
+//! MIG goes through NVML calls: the instance the scheduler picked is created in (mock) NVML at
+//! prepare, its NVML UUID reaches the CDI spec, and it is destroyed at unprepare.
+use std::path::Path;
+
+use anyhow::{Context, Result, ensure};
+use e2e::env::{Env, PodClaim};
+use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
+use kube::ResourceExt;
+
+macro_rules! env_or_skip {
+    ($name:expr) => {
+        match Env::new($name).await? {
+            Some(env) => env,
+            None => return Ok(()),
+        }
+    };
+}
+
+/// `dra-plugin mock-nvml-root`: builds the mock and writes its driver root under `dir`.
+async fn mock_root(env: &Env, node: &str, profile: &str, dir: &Path) -> Result<()> {
+    let mut cmd = tokio::process::Command::new(&env.plugin_bin);
+    cmd.args(["mock-nvml-root", "--profile", profile, "--node-name", node])
+        .arg("--out")
+        .arg(dir)
+        .arg("--mock-source")
+        .arg(env.repo.join("mock-nvml"));
+    for v in [
+        "SIMULATED_HARDWARE_FILE",
+        "SIMULATED_MIG_LAYOUT",
+        "MOCK_NVML_LIBRARY",
+    ] {
+        cmd.env_remove(v);
+    }
+    let out = cmd.output().await.context("running mock-nvml-root")?;
+    ensure!(
+        out.status.success(),
+        "dra-plugin mock-nvml-root (needs make and gcc) failed:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    Ok(())
+}
+
+/// The mock's MIG state: `gpu <minor> <current> <pending>`, `gi <minor> <id> <profile> <start>`,
+/// `ci ...` lines.
+fn mig_state(dir: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(dir.join("mig-state"))
+        .with_context(|| format!("reading {}/mig-state", dir.display()))?;
+    Ok(text.lines().map(str::to_string).collect())
+}
+
+#[tokio::test]
+async fn nvml1_mock_nvml_node_dynamic_mig_inference() -> Result<()> {
+    let mut env = env_or_skip!("nvml1_mock_nvml_node_dynamic_mig_inference");
+    let node = "nvml1-h100";
+    let mock = env.work.join("nodes").join(node).join("mock-nvml");
+    mock_root(&env, node, "h100-80gb:1", &mock).await?;
+    let conf = std::fs::read_to_string(mock.join("root/usr/lib64/mock-nvml.conf"))?;
+    let gpu_uuid = conf
+        .lines()
+        .find_map(|l| l.strip_prefix("gpu 0 "))
+        .and_then(|rest| rest.split(' ').next())
+        .context("gpu 0 in the mock's description")?
+        .to_string();
+
+    let root = mock.join("root");
+    env.add_node(
+        node,
+        &[
+            "--backend",
+            "nvml",
+            "--driver-root",
+            root.to_str().context("driver root path")?,
+            "--feature-gates",
+            "DynamicMIG=true",
+        ],
+    )
+    .await?;
+    let log = std::fs::read_to_string(env.node(node).dirs.root.join("plugin.log"))?;
+    let lib = root.join("usr/lib64/libnvidia-ml.so.1");
+    ensure!(
+        log.contains("NVML session open") && log.contains(&lib.display().to_string()),
+        "the plugin did not open NVML from the mock ({}):\n{log}",
+        lib.display()
+    );
+
+    // Slices the API server accepted, from NVML: the GPU with the mock's UUID and its 25 placements.
+    let devices = env.devices(node).await?;
+    ensure!(
+        devices.len() == 26,
+        "{} devices published, want GPU + 25 placements: {:?}",
+        devices.len(),
+        devices.keys().collect::<Vec<_>>()
+    );
+    let gpu = devices.get("gpu-0").context("gpu-0 not published")?;
+    ensure!(
+        gpu.string("uuid") == Some(gpu_uuid.as_str()),
+        "gpu-0 uuid {:?}, the mock says {gpu_uuid}",
+        gpu.string("uuid")
+    );
+    ensure!(
+        gpu.string("productName") == Some("NVIDIA H100 80GB HBM3"),
+        "productName {:?}",
+        gpu.string("productName")
+    );
+    ensure!(
+        mig_state(&mock)?.iter().all(|l| !l.starts_with("gi ")),
+        "no MIG instance before any claim"
+    );
+
+    env.create_from_file("examples/claims/inference-gpu.yaml")
+        .await?;
+    let claim = [PodClaim {
+        name: "gpu",
+        template: "inference-gpu",
+    }];
+    env.create_pod(&env.pod_manifest("infer-0", Some(node), &claim, None)?)
+        .await?;
+    env.wait_running("infer-0").await?;
+
+    let c = env.pod_claim("infer-0", "gpu").await?;
+    let results: Vec<DeviceRequestAllocationResult> = c
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default();
+    ensure!(results.len() == 1, "{} allocation results", results.len());
+    let (request, device) = (&results[0].request, &results[0].device);
+    ensure!(request == "gpu/mig-slice", "allocated for {request}");
+    ensure!(device.starts_with("gpu-0-mig-3g40gb-9-"), "got {device}");
+    let start: u32 = device.rsplit('-').next().unwrap_or_default().parse()?;
+
+    // The CDI spec carries the UUID NVML gave the instance the plugin created there.
+    let specs = e2e::cdi::load(&env.node(node).dirs.cdi)?;
+    let id = format!(
+        "k8s.gpu.nvidia.com/claim={}-{device}",
+        c.uid().unwrap_or_default()
+    );
+    let visible = specs
+        .get(&id)
+        .with_context(|| format!("CDI device {id} not defined"))?
+        .env_value("NVIDIA_VISIBLE_DEVICES")
+        .context("no NVIDIA_VISIBLE_DEVICES")?
+        .to_string();
+    let mock_uuid = conf
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("place 9 {start} 4 ")))
+        .with_context(|| format!("no 3g.40gb placement at {start} in the mock"))?;
+    ensure!(
+        visible == mock_uuid,
+        "NVIDIA_VISIBLE_DEVICES={visible}, the mock's MIG device there is {mock_uuid}"
+    );
+    let state = mig_state(&mock)?;
+    ensure!(
+        state.contains(&"gpu 0 1 1".to_string()),
+        "MIG mode on in NVML: {state:?}"
+    );
+    let gis: Vec<&String> = state.iter().filter(|l| l.starts_with("gi 0 ")).collect();
+    ensure!(
+        gis.len() == 1 && gis[0].ends_with(&format!(" 9 {start}")),
+        "one 3g.40gb GPU instance at {start} in NVML: {state:?}"
+    );
+    ensure!(
+        state.iter().filter(|l| l.starts_with("ci 0 ")).count() == 1,
+        "its compute instance: {state:?}"
+    );
+    println!("infer-0: {device} = {visible} (created through NVML)");
+
+    // Deleting the pod unprepares the claim: the instance is destroyed in NVML, MIG mode off again.
+    env.delete_pod("infer-0").await?;
+    env.wait_pod_gone("infer-0").await?;
+    let state = mig_state(&mock)?;
+    ensure!(
+        !state
+            .iter()
+            .any(|l| l.starts_with("gi ") || l.starts_with("ci ")),
+        "instance destroyed: {state:?}"
+    );
+    ensure!(
+        state.contains(&"gpu 0 0 0".to_string()),
+        "MIG mode off again: {state:?}"
+    );
+    env.check_violations()?;
+    env.teardown().await
+}
