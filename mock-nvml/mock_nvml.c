@@ -2,10 +2,12 @@
  *
  * It exports the NVML entry points the plugin's NVML backend (through nvml-wrapper) calls, with
  * NVML's ABI, and answers from a node description generated from our hardware profiles
- * (gpu-dra-api/data/gpus.yaml; harness.rs generates it and documents the format). The node
- * description is `mock-nvml.conf` next to the library itself (so a driver root is self-contained
- * and several copies can live in one process), or the file MOCK_NVML_CONFIG names. Without one,
- * init fails like on a node whose driver is not loaded. Optional lines of the description (each
+ * (gpu-dra-api/data/gpus.yaml; dra-plugin/src/backend/nvml_mock_root.rs generates it and documents
+ * the format; `dra-plugin mock-nvml-root --profile h100-80gb:8 --out DIR`, or with the profile or
+ * hardware YAML file named by SIMULATED_PROFILES / SIMULATED_HARDWARE_FILE, writes a driver root
+ * with it). The node description is `mock-nvml.conf` next to the library itself (so a driver root
+ * is self-contained and several copies can live in one process), or the file MOCK_NVML_CONFIG
+ * names. Without one, init fails like on a node whose driver is not loaded. Optional lines of the description (each
  * also settable by an environment variable of the same name in capitals, MOCK_NVML_STATE, ...):
  *
  *   state <path>       file holding MIG mode and MIG instances, shared (under flock) by every

@@ -8,7 +8,8 @@
 //! (`NVIDIA_DRIVER_ROOT=/run/nvidia/driver` for operator-installed drivers.) It prints what
 //! `dra-plugin slices --backend nvml` publishes on this machine and checks it against NVML's own
 //! view through nvml-wrapper's safe API: name, UUID, memory and MIG mode of every GPU. On a
-//! machine without an NVIDIA GPU it fails, saying so.
+//! machine without an NVIDIA GPU it fails, saying so. `bash e2e/gpu-check.sh` builds and runs it
+//! in one go and keeps a log.
 use std::collections::BTreeMap;
 use std::process::Command;
 
