@@ -67,15 +67,18 @@ fn run_go(bin: &PathBuf, mode: &str, cases: &serde_json::Value) -> serde_json::V
 fn main() -> anyhow::Result<()> {
     let mut nodes = 5000usize;
     let mut oracle_arg = None;
+    let mut warm_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--nodes" => nodes = args.next().expect("--nodes N").parse()?,
             "--oracle" => oracle_arg = args.next(),
+            // profiling aid: only the warm allocation loop, no Go
+            "--warm-only" => warm_only = true,
             other => anyhow::bail!("unknown argument {other}"),
         }
     }
-    let go = oracle(oracle_arg);
+    let go = if warm_only { None } else { oracle(oracle_arg) };
 
     // 1. CEL
     let slices =
@@ -164,7 +167,7 @@ fn main() -> anyhow::Result<()> {
     let mut iters = 0u32;
     let mut fits = 0;
     let start = Instant::now();
-    while iters == 0 || start.elapsed() < Duration::from_secs(3) {
+    while !warm_only && (iters == 0 || start.elapsed() < Duration::from_secs(3)) {
         let a = Allocator::new(&classes.classes, &all_slices, AllocatedState::default());
         fits = 0;
         for n in &node_objs {
@@ -174,7 +177,7 @@ fn main() -> anyhow::Result<()> {
         }
         iters += 1;
     }
-    let rust_pod = start.elapsed().as_secs_f64() / iters as f64;
+    let rust_pod = start.elapsed().as_secs_f64() / iters.max(1) as f64;
     println!(
         "alloc: rust {:.4} s per pod over {} nodes x 8 H100 (dynamic MIG), {} nodes fit (cold: fresh allocator and device cache per pod)",
         rust_pod, nodes, fits

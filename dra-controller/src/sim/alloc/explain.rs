@@ -66,7 +66,6 @@ impl<'a> Allocator<'a> {
             allocating_capacity: super::FastMap::default(),
             consumed_counters: super::FastMap::default(),
             available_counters: super::FastMap::default(),
-            programs: Default::default(),
             results: claims.iter().map(|_| Vec::new()).collect(),
             share_seq: 0,
         };

@@ -86,6 +86,8 @@ pub struct DeviceCache {
     dup_name: Vec<OnceLock<Option<String>>>,
     /// per slice: the counters its devices consume, by counter set, in order of first use
     counter_refs: Vec<OnceLock<CounterRefs>>,
+    /// per set of device slices of one pool: the first device name found twice
+    dup_across: Mutex<FastMap<Vec<usize>, Option<String>>>,
 }
 
 type CounterRefs = Vec<(String, Vec<String>)>;
@@ -111,6 +113,7 @@ impl DeviceCache {
             counters: slices.iter().map(|_| OnceLock::new()).collect(),
             dup_name: slices.iter().map(|_| OnceLock::new()).collect(),
             counter_refs: slices.iter().map(|_| OnceLock::new()).collect(),
+            dup_across: Mutex::default(),
         }
     }
 
@@ -145,6 +148,9 @@ pub struct Allocator<'a> {
     pub allocated: AllocatedState,
     pub cel: Cache,
     cache: Arc<DeviceCache>,
+    /// compiled selectors by the expression's address (claims and classes outlive the allocator),
+    /// so that the text is hashed once per selector rather than per device or node
+    programs: std::cell::RefCell<FastMap<(usize, usize), CompiledSelector>>,
 }
 
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
@@ -230,8 +236,15 @@ impl std::hash::Hasher for FastHasher {
         self.0
     }
     fn write(&mut self, bytes: &[u8]) {
-        for b in bytes {
-            self.write_u64(*b as u64);
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
+            let mut buf = [0u8; 8];
+            buf[..rest.len()].copy_from_slice(rest);
+            self.write_u64(u64::from_le_bytes(buf) ^ ((rest.len() as u64) << 56));
         }
     }
     fn write_u64(&mut self, i: u64) {
@@ -245,6 +258,7 @@ impl std::hash::Hasher for FastHasher {
 type CompiledSelector = Arc<Result<cel::Program, String>>;
 
 pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
+pub(crate) type FastSet<K> = HashSet<K, std::hash::BuildHasherDefault<FastHasher>>;
 
 pub(crate) struct Run<'a> {
     pub a: &'a Allocator<'a>,
@@ -258,7 +272,6 @@ pub(crate) struct Run<'a> {
     allocating_capacity: FastMap<DevRef, BTreeMap<String, Quantity>>,
     consumed_counters: FastMap<usize, Counters>,
     available_counters: FastMap<usize, Counters>,
-    programs: std::cell::RefCell<FastMap<(usize, usize), CompiledSelector>>,
     results: Vec<Vec<ResultDev<'a>>>,
     share_seq: u64,
 }
@@ -310,6 +323,7 @@ impl<'a> Allocator<'a> {
             allocated,
             cel: Cache::default(),
             cache,
+            programs: Default::default(),
         }
     }
 
@@ -342,17 +356,16 @@ impl<'a> Allocator<'a> {
     pub(crate) fn cache_counter_refs(&self, slice_idx: usize) -> &CounterRefs {
         self.cache.counter_refs[slice_idx].get_or_init(|| {
             let mut refs: CounterRefs = Vec::new();
+            let mut sets: FastMap<&str, usize> = FastMap::default();
+            let mut seen: FastSet<(&str, &str)> = FastSet::default();
             for d in self.slices[slice_idx].spec.devices.iter().flatten() {
                 for cc in d.consumes_counters.iter().flatten() {
-                    let i = match refs.iter().position(|(s, _)| *s == cc.counter_set) {
-                        Some(i) => i,
-                        None => {
-                            refs.push((cc.counter_set.clone(), Vec::new()));
-                            refs.len() - 1
-                        }
-                    };
+                    let i = *sets.entry(cc.counter_set.as_str()).or_insert_with(|| {
+                        refs.push((cc.counter_set.clone(), Vec::new()));
+                        refs.len() - 1
+                    });
                     for n in cc.counters.keys() {
-                        if !refs[i].1.contains(n) {
+                        if seen.insert((cc.counter_set.as_str(), n.as_str())) {
                             refs[i].1.push(n.clone());
                         }
                     }
@@ -362,10 +375,34 @@ impl<'a> Allocator<'a> {
         })
     }
 
+    pub(crate) fn cache_dup_name_across(&self, device_slices: &[usize]) -> Option<String> {
+        if let Some(r) = self
+            .cache
+            .dup_across
+            .lock()
+            .expect("dup cache lock")
+            .get(device_slices)
+        {
+            return r.clone();
+        }
+        let mut seen = FastSet::default();
+        let r = device_slices
+            .iter()
+            .flat_map(|&i| self.slices[i].spec.devices.iter().flatten())
+            .find(|d| !seen.insert(d.name.as_str()))
+            .map(|d| d.name.clone());
+        self.cache
+            .dup_across
+            .lock()
+            .expect("dup cache lock")
+            .insert(device_slices.to_vec(), r.clone());
+        r
+    }
+
     pub(crate) fn cache_dup_name(&self, slice_idx: usize) -> Option<&str> {
         self.cache.dup_name[slice_idx]
             .get_or_init(|| {
-                let mut seen = HashSet::new();
+                let mut seen = FastSet::default();
                 self.slices[slice_idx]
                     .spec
                     .devices
@@ -422,7 +459,6 @@ impl<'a> Allocator<'a> {
             allocating_capacity: FastMap::default(),
             consumed_counters: FastMap::default(),
             available_counters: FastMap::default(),
-            programs: Default::default(),
             results: claims.iter().map(|_| Vec::new()).collect(),
             share_seq: 0,
         };
@@ -749,11 +785,11 @@ impl<'a> Run<'a> {
     /// outlive the run), so that the text is hashed once per selector rather than per device.
     fn program(&self, expr: &str) -> Arc<Result<cel::Program, String>> {
         let key = (expr.as_ptr() as usize, expr.len());
-        if let Some(p) = self.programs.borrow().get(&key) {
+        if let Some(p) = self.a.programs.borrow().get(&key) {
             return p.clone();
         }
         let p = self.a.cel.get_or_compile(expr);
-        self.programs.borrow_mut().insert(key, p.clone());
+        self.a.programs.borrow_mut().insert(key, p.clone());
         p
     }
 

@@ -302,18 +302,8 @@ fn build_pool<'a>(
         if let Some(n) = a.cache_dup_name(device_slices[0]) {
             return mk(Some(format!("duplicate device name {n}")), BTreeMap::new());
         }
-    } else {
-        let mut seen = HashSet::new();
-        for &i in &device_slices {
-            for d in all[i].spec.devices.iter().flatten() {
-                if !seen.insert(d.name.as_str()) {
-                    return mk(
-                        Some(format!("duplicate device name {}", d.name)),
-                        BTreeMap::new(),
-                    );
-                }
-            }
-        }
+    } else if let Some(n) = a.cache_dup_name_across(&device_slices) {
+        return mk(Some(format!("duplicate device name {n}")), BTreeMap::new());
     }
     let mut sets: BTreeMap<String, BTreeMap<String, Quantity>> = BTreeMap::new();
     for &i in &counter_slices {
