@@ -123,7 +123,7 @@ fn mount_path(c: &Container, name: &str) -> String {
 fn defaults_parse_as_the_plugin_defaults_on_nvml() {
     let ds = daemonset(json!({ "draDriver": { "featureGates": { "DynamicMIG": true } } }));
     let cs = containers(&ds);
-    assert_eq!(cs.len(), 1);
+    assert_eq!(cs.len(), 2, "gpus and compute-domains (enabled by default)");
     let args = parse(&cs[0]);
     assert_eq!(args.device.node_name, "node-a");
     assert_eq!(args.device.driver_name, "gpu.nvidia.com");
@@ -219,12 +219,31 @@ fn disabled_healthcheck_turns_the_health_server_off_and_user_env_overrides() {
 }
 
 #[test]
-fn compute_domains_add_no_second_plugin_container() {
+fn compute_domains_run_the_plugin_in_compute_domain_mode() {
     let ds = daemonset(json!({ "draDriver": { "computeDomains": { "enabled": true } } }));
-    let names: Vec<_> = containers(&ds).into_iter().map(|c| c.name).collect();
+    let cs = containers(&ds);
+    let names: Vec<_> = cs.iter().map(|c| c.name.as_str()).collect();
+    assert_eq!(names, ["gpus", "compute-domains"]);
+    let args = parse(&cs[1]);
+    assert_eq!(args.device.driver_name, "compute-domain.nvidia.com");
     assert_eq!(
-        names,
-        ["gpus"],
-        "dra-plugin serves gpu.nvidia.com only; a second instance would republish the GPUs"
+        args.metrics_port, 8081,
+        "no port clash with the gpus container"
     );
+    assert!(
+        args.plugin_dir
+            .ends_with("plugins/compute-domain.nvidia.com"),
+        "{}",
+        args.plugin_dir.display()
+    );
+    assert_eq!(
+        mount_path(&cs[1], "cd-plugin-dir"),
+        args.plugin_dir.display().to_string()
+    );
+    assert_eq!(
+        volume_path(&ds, "cd-plugin-dir"),
+        args.plugin_dir.display().to_string()
+    );
+    let off = daemonset(json!({ "draDriver": { "computeDomains": { "enabled": false } } }));
+    assert_eq!(containers(&off).len(), 1);
 }

@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod computedomain;
 pub mod core;
 mod error;
 pub mod grpc;

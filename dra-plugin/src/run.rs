@@ -20,14 +20,15 @@ use crate::backend::nvml::NvmlBackend;
 use crate::backend::simulated::SimulatedBackend;
 use crate::backend::{DeviceBackend, HealthEvent};
 use crate::cli::{Backend, DeviceArgs, Output, RunArgs, SlicesArgs};
-use crate::core::ClaimSource;
 use crate::core::cdi::CdiStore;
 use crate::core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
 use crate::core::health::HealthTracker;
 use crate::core::state::DeviceState;
+use crate::core::{ClaimSource, Preparer};
 use crate::grpc::dra::{DraService, DraServiceV1beta1};
 use crate::grpc::health::HealthService;
 use crate::grpc::registration::RegistrationService;
+use crate::grpc::server::SocketGuard;
 use crate::kube::claims::{ApiClaims, FileClaims};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
 use crate::metrics::Metrics;
@@ -187,6 +188,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Serves until `shutdown` turns true (tests drive this directly).
 pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let dev = &args.device;
+    if dev.driver_name == crate::computedomain::CD_DRIVER {
+        return run_compute_domain(args, shutdown).await;
+    }
     let gates = FeatureGates::parse(&dev.feature_gates)?;
     let metrics = Arc::new(Metrics::new());
     let backend = build_backend(dev, Some(args.plugin_dir.join("simulated-health-events")))?;
@@ -282,11 +286,6 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         (None, None) => unreachable!("a client exists whenever there is no offline directory"),
     };
 
-    // The DRA socket first, then registration: the kubelet may call as soon as it sees us.
-    let dra_path = std::path::absolute(args.plugin_dir.join("dra.sock"))?;
-    let reg_path = args
-        .registrar_dir
-        .join(format!("{}-reg.sock", dev.driver_name));
     let service = DraService::new(state.clone(), claims, metrics.clone());
     let health_enabled = gates.enabled("NVMLDeviceHealthCheck");
     let tracker = Arc::new(Mutex::new(HealthTracker::new(Duration::from_secs(
@@ -295,42 +294,8 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     let (health_changed_tx, health_changed) = watch::channel(0u64);
     let health_service = health_enabled
         .then(|| HealthService::new(state.clone(), tracker.clone(), health_changed.clone()));
-    let (dra_incoming, dra_guard) = crate::grpc::server::bind(&dra_path)?;
-    let dra_server = tokio::spawn({
-        let shutdown = shutdown.clone();
-        tonic::transport::Server::builder()
-            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
-                service.clone(),
-            ))
-            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
-                DraServiceV1beta1(service),
-            ))
-            .add_optional_service(
-                health_service
-                    .clone()
-                    .map(health_v1::dra_resource_health_server::DraResourceHealthServer::new),
-            )
-            .add_optional_service(
-                health_service
-                    .map(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new),
-            )
-            .serve_with_incoming_shutdown(dra_incoming, wait(shutdown))
-    });
-    let registration = RegistrationService::new(
-        &dev.driver_name,
-        &dra_path.to_string_lossy(),
-        health_enabled,
-    );
-    let (reg_incoming, reg_guard) = crate::grpc::server::bind(&reg_path)?;
-    let reg_server = tokio::spawn({
-        let shutdown = shutdown.clone();
-        tonic::transport::Server::builder()
-            .add_service(registration::registration_server::RegistrationServer::new(
-                registration,
-            ))
-            .serve_with_incoming_shutdown(reg_incoming, wait(shutdown))
-    });
-    info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
+    let servers = serve_kubelet(&args, service, health_service, shutdown.clone())?;
+    let reg_path = servers.reg_path.clone();
 
     if args.metrics_port != 0 {
         let addr = SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
@@ -385,13 +350,139 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     }
 
     wait(shutdown).await;
-    let _ = tokio::time::timeout(Duration::from_secs(5), async {
-        let _ = dra_server.await;
-        let _ = reg_server.await;
+    servers.stop().await;
+    Ok(())
+}
+
+/// The kubelet-facing sockets: DRA (v1, v1beta1, and health when given) and registration.
+struct KubeletServers {
+    dra: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    registration: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    guards: (SocketGuard, SocketGuard),
+    reg_path: std::path::PathBuf,
+}
+
+impl KubeletServers {
+    async fn stop(self) {
+        let _ = tokio::time::timeout(Duration::from_secs(5), async {
+            let _ = self.dra.await;
+            let _ = self.registration.await;
+        })
+        .await;
+        drop(self.guards);
+        info!("stopped");
+    }
+}
+
+fn serve_kubelet(
+    args: &RunArgs,
+    service: DraService,
+    health: Option<HealthService>,
+    shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<KubeletServers> {
+    let driver = &args.device.driver_name;
+    // The DRA socket first, then registration: the kubelet may call as soon as it sees us.
+    let dra_path = std::path::absolute(args.plugin_dir.join("dra.sock"))?;
+    let reg_path = args.registrar_dir.join(format!("{driver}-reg.sock"));
+    let registration =
+        RegistrationService::new(driver, &dra_path.to_string_lossy(), health.is_some());
+    let (dra_incoming, dra_guard) = crate::grpc::server::bind(&dra_path)?;
+    let dra = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
+                service.clone(),
+            ))
+            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
+                DraServiceV1beta1(service),
+            ))
+            .add_optional_service(
+                health
+                    .clone()
+                    .map(health_v1::dra_resource_health_server::DraResourceHealthServer::new),
+            )
+            .add_optional_service(
+                health
+                    .map(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new),
+            )
+            .serve_with_incoming_shutdown(dra_incoming, wait(shutdown.clone())),
+    );
+    let (reg_incoming, reg_guard) = crate::grpc::server::bind(&reg_path)?;
+    let registration = tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(registration::registration_server::RegistrationServer::new(
+                registration,
+            ))
+            .serve_with_incoming_shutdown(reg_incoming, wait(shutdown)),
+    );
+    info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
+    Ok(KubeletServers {
+        dra,
+        registration,
+        guards: (dra_guard, reg_guard),
+        reg_path,
     })
-    .await;
-    drop((dra_guard, reg_guard));
-    info!("stopped");
+}
+
+/// `dra-plugin run --driver-name compute-domain.nvidia.com`: the IMEX channel and daemon devices.
+async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    use crate::computedomain::{
+        CHANNELS_DIR, ComputeDomainState, KubeNodeLabeler, NodeLabeler, pool_contents,
+    };
+    let dev = &args.device;
+    let metrics = Arc::new(Metrics::new());
+    info!(node = %dev.node_name, "starting the compute-domain driver");
+    let client = match &args.offline_claims_dir {
+        Some(_) => None,
+        None => Some(kube_client(args.kubeconfig.as_deref()).await?),
+    };
+    std::fs::create_dir_all(&args.plugin_dir)
+        .with_context(|| format!("creating {}", args.plugin_dir.display()))?;
+    let boot_id = read_boot_id(&args.boot_id_file)?;
+    let (checkpoint, outcome) =
+        Checkpoint::load(&args.plugin_dir.join("checkpoint.json"), &boot_id)?;
+    if !matches!(outcome, LoadOutcome::Loaded | LoadOutcome::Fresh) {
+        warn!(?outcome, "compute-domain checkpoint started over");
+    }
+    let labeler: Option<Arc<dyn NodeLabeler>> = client.clone().map(|c| {
+        Arc::new(KubeNodeLabeler {
+            client: c,
+            node: dev.node_name.clone(),
+        }) as Arc<dyn NodeLabeler>
+    });
+    let state = Arc::new(ComputeDomainState::new(
+        checkpoint,
+        args.cdi_root.clone(),
+        args.plugin_dir.clone(),
+        CHANNELS_DIR.into(),
+        labeler,
+    ));
+    let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
+        (Some(dir), _) => Arc::new(FileClaims::new(
+            dir.clone(),
+            &dev.driver_name,
+            &dev.node_name,
+        )),
+        (None, None) => unreachable!("a client exists whenever there is no offline directory"),
+        (None, Some(c)) => Arc::new(ApiClaims::new(c.clone(), &dev.driver_name, &dev.node_name)),
+    };
+    let service = DraService::new(state.clone(), claims, metrics.clone());
+    let servers = serve_kubelet(&args, service, None, shutdown.clone())?;
+    if let Some(client) = client {
+        let opts = SliceOptions {
+            driver: dev.driver_name.clone(),
+            node_name: dev.node_name.clone(),
+            dynamic_mig: false,
+            split_counters: true,
+        };
+        let (_contents_tx, contents_rx) = watch::channel(pool_contents());
+        let publisher = Publisher::new(client.clone(), opts, metrics.clone());
+        tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
+        tokio::spawn(cleanup_loop(client, state, shutdown.clone()));
+        wait(shutdown).await;
+    } else {
+        wait(shutdown).await;
+    }
+    servers.stop().await;
     Ok(())
 }
 
@@ -486,7 +577,7 @@ fn spawn_health_monitor(
 /// ten minutes.
 async fn cleanup_loop(
     client: kube::Client,
-    state: Arc<DeviceState>,
+    state: Arc<dyn Preparer>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     loop {

@@ -18,3 +18,39 @@ pub trait ClaimSource: Send + Sync + 'static {
         claim: &'a types::ClaimRef,
     ) -> BoxFuture<'a, Result<types::ClaimAllocation, crate::Error>>;
 }
+
+/// What the kubelet's DRA calls drive: the GPU state, or the compute-domain state.
+pub trait Preparer: Send + Sync + 'static {
+    fn prepare<'a>(
+        &'a self,
+        alloc: &'a types::ClaimAllocation,
+    ) -> BoxFuture<'a, Result<Vec<types::PreparedDevice>, crate::Error>>;
+    fn unprepare<'a>(&'a self, claim_uid: &'a str) -> BoxFuture<'a, Result<(), crate::Error>>;
+    fn checkpoint(&self) -> &checkpoint::Checkpoint;
+    /// Devices of completed claims, for the `prepared devices` gauge.
+    fn prepared_device_count(&self) -> usize {
+        self.checkpoint()
+            .claims()
+            .values()
+            .filter(|r| r.state == checkpoint::ClaimState::PrepareCompleted)
+            .map(|r| r.devices.len())
+            .sum()
+    }
+}
+
+impl Preparer for state::DeviceState {
+    fn prepare<'a>(
+        &'a self,
+        alloc: &'a types::ClaimAllocation,
+    ) -> BoxFuture<'a, Result<Vec<types::PreparedDevice>, crate::Error>> {
+        Box::pin(state::DeviceState::prepare(self, alloc))
+    }
+
+    fn unprepare<'a>(&'a self, claim_uid: &'a str) -> BoxFuture<'a, Result<(), crate::Error>> {
+        Box::pin(state::DeviceState::unprepare(self, claim_uid))
+    }
+
+    fn checkpoint(&self) -> &checkpoint::Checkpoint {
+        state::DeviceState::checkpoint(self)
+    }
+}

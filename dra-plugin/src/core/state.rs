@@ -191,16 +191,6 @@ impl DeviceState {
         self.inventory.read().expect("inventory lock").clone()
     }
 
-    /// Devices of completed claims, for the `prepared devices` gauge.
-    pub fn prepared_device_count(&self) -> usize {
-        self.checkpoint
-            .claims()
-            .values()
-            .filter(|r| r.state == ClaimState::PrepareCompleted)
-            .map(|r| r.devices.len())
-            .sum()
-    }
-
     /// Serializes work on one claim; different claims proceed in parallel.
     async fn lock_claim(&self, uid: &str) -> tokio::sync::OwnedMutexGuard<()> {
         let lock = {

@@ -8,21 +8,20 @@ use kubelet_proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::core::ClaimSource;
-use crate::core::state::DeviceState;
 use crate::core::types::ClaimRef;
+use crate::core::{ClaimSource, Preparer};
 use crate::metrics::Metrics;
 
 #[derive(Clone)]
 pub struct DraService {
-    state: Arc<DeviceState>,
+    state: Arc<dyn Preparer>,
     claims: Arc<dyn ClaimSource>,
     metrics: Arc<Metrics>,
 }
 
 impl DraService {
     pub fn new(
-        state: Arc<DeviceState>,
+        state: Arc<dyn Preparer>,
         claims: Arc<dyn ClaimSource>,
         metrics: Arc<Metrics>,
     ) -> Self {

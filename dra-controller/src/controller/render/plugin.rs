@@ -40,7 +40,13 @@ impl PluginPaths {
 
 /// The environment of `dra-plugin run` (see `dra-plugin/src/cli.rs`); KUBECONFIG stays unset, so the
 /// plugin uses its in-cluster ServiceAccount.
-fn base_env(t: &Target<'_>, driver: &str, paths: &PluginPaths, health_port: i32) -> Vec<Value> {
+fn base_env(
+    t: &Target<'_>,
+    driver: &str,
+    paths: &PluginPaths,
+    health_port: i32,
+    metrics_port: i32,
+) -> Vec<Value> {
     vec![
         json!({ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "fieldPath": "spec.nodeName" } } }),
         json!({ "name": "DRIVER_NAME", "value": driver }),
@@ -50,7 +56,7 @@ fn base_env(t: &Target<'_>, driver: &str, paths: &PluginPaths, health_port: i32)
         json!({ "name": "REGISTRAR_DIR", "value": paths.registrar_dir }),
         json!({ "name": "PLUGIN_DIR", "value": paths.plugin_dir }),
         json!({ "name": "CDI_ROOT", "value": CDI_ROOT }),
-        json!({ "name": "METRICS_PORT", "value": METRICS_PORT.to_string() }),
+        json!({ "name": "METRICS_PORT", "value": metrics_port.to_string() }),
         json!({ "name": "HEALTHCHECK_PORT", "value": health_port.to_string() }),
     ]
 }
@@ -60,6 +66,8 @@ fn container(
     name: &str,
     driver: &str,
     spec: &crate::controller::crd::KubeletPluginSpec,
+    metrics_port: i32,
+    plugin_volume: &str,
 ) -> Value {
     let paths = PluginPaths::new(t, driver);
     // 0 turns the plugin's health server off, matching a probe-less container.
@@ -74,12 +82,12 @@ fn container(
         "imagePullPolicy": t.pull_policy(),
         "command": ["dra-plugin"],
         "args": ["run"],
-        "env": container_env(base_env(t, driver, &paths, health_port), &spec.env),
-        "ports": [{ "name": "metrics", "containerPort": METRICS_PORT }],
+        "env": container_env(base_env(t, driver, &paths, health_port, metrics_port), &spec.env),
+        "ports": [{ "name": if metrics_port == METRICS_PORT { "metrics" } else { "cd-metrics" }, "containerPort": metrics_port }],
         "securityContext": { "privileged": true },
         "volumeMounts": [
             { "name": "plugins-registry", "mountPath": paths.registrar_dir },
-            { "name": "plugin-dir", "mountPath": paths.plugin_dir },
+            { "name": plugin_volume, "mountPath": paths.plugin_dir },
             { "name": "cdi", "mountPath": CDI_ROOT },
             { "name": "driver-root", "mountPath": CONTAINER_DRIVER_ROOT, "readOnly": true, "mountPropagation": "HostToContainer" },
         ],
@@ -93,18 +101,43 @@ fn container(
     c
 }
 
-/// The DaemonSet with one container, `gpus` (driver `gpu.nvidia.com`). `dra-plugin` has no
-/// compute-domain mode yet: started with `DRIVER_NAME=compute-domain.nvidia.com` it would publish the
-/// node's GPUs a second time under that driver, so `computeDomains.kubeletPlugin` renders no container.
+/// The compute-domain driver's container: `dra-plugin run` with `DRIVER_NAME=compute-domain.nvidia.com`.
+pub const CD_DRIVER: &str = "compute-domain.nvidia.com";
+/// Its metrics port, next to the GPU container's in the same pod.
+pub const CD_METRICS_PORT: i32 = 8081;
+
+/// The DaemonSet with the `gpus` container (driver `gpu.nvidia.com`) and, with
+/// `computeDomains.enabled`, the `compute-domains` container (driver `compute-domain.nvidia.com`).
 pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
     let ds = &t.spec.daemonsets;
     let paths = PluginPaths::new(t, GPU_DRIVER);
-    let containers = vec![container(
+    let mut containers = vec![container(
         t,
         "gpus",
         GPU_DRIVER,
         &t.spec.dra_driver.gpus.kubelet_plugin,
+        METRICS_PORT,
+        "plugin-dir",
     )];
+    let cd_paths = PluginPaths::new(t, CD_DRIVER);
+    let cd = &t.spec.dra_driver.compute_domains;
+    let mut volumes = vec![
+        json!({ "name": "plugins-registry", "hostPath": { "path": paths.registrar_dir, "type": "DirectoryOrCreate" } }),
+        json!({ "name": "plugin-dir", "hostPath": { "path": paths.plugin_dir, "type": "DirectoryOrCreate" } }),
+        json!({ "name": "cdi", "hostPath": { "path": CDI_ROOT, "type": "DirectoryOrCreate" } }),
+        json!({ "name": "driver-root", "hostPath": { "path": t.spec.host_paths.driver_root(), "type": "Directory" } }),
+    ];
+    if cd.enabled {
+        containers.push(container(
+            t,
+            "compute-domains",
+            CD_DRIVER,
+            &cd.kubelet_plugin,
+            CD_METRICS_PORT,
+            "cd-plugin-dir",
+        ));
+        volumes.push(json!({ "name": "cd-plugin-dir", "hostPath": { "path": cd_paths.plugin_dir, "type": "DirectoryOrCreate" } }));
+    }
     let selector = json!({ "app.kubernetes.io/name": PLUGIN });
     let mut pod_meta = json!({ "labels": t.labels(PLUGIN, true) });
     if !ds.annotations.is_empty() {
@@ -144,12 +177,7 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
                     "tolerations": ds.tolerations,
                     "imagePullSecrets": t.pull_secrets(),
                     "containers": containers,
-                    "volumes": [
-                        { "name": "plugins-registry", "hostPath": { "path": paths.registrar_dir, "type": "DirectoryOrCreate" } },
-                        { "name": "plugin-dir", "hostPath": { "path": paths.plugin_dir, "type": "DirectoryOrCreate" } },
-                        { "name": "cdi", "hostPath": { "path": CDI_ROOT, "type": "DirectoryOrCreate" } },
-                        { "name": "driver-root", "hostPath": { "path": t.spec.host_paths.driver_root(), "type": "Directory" } },
-                    ],
+                    "volumes": volumes,
                 },
             },
         },

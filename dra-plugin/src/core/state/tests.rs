@@ -5,6 +5,7 @@ use serde_json::json;
 
 use super::*;
 use crate::backend::simulated::SimulatedBackend;
+use crate::core::Preparer;
 use crate::core::cdi::CdiStore;
 use crate::core::types::{ConfigEntry, ConfigSource};
 

@@ -1,0 +1,422 @@
+//! The compute-domain driver (`compute-domain.nvidia.com`): one IMEX channel device and one IMEX
+//! daemon device per node. Preparing a channel injects the channel's device node through CDI and
+//! labels the node with the domain, which is what lands the domain's daemon DaemonSet there;
+//! preparing the daemon device hands the daemon its per-domain config directory.
+//!
+//! Run with `dra-plugin run --driver-name compute-domain.nvidia.com` next to the GPU plugin.
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use futures::future::BoxFuture;
+use gpu_dra_api::slices::SliceContent;
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
+use serde::{Deserialize, Serialize};
+use tracing::info;
+
+use crate::Error;
+use crate::core::Preparer;
+use crate::core::cdi::{CdiDevice, ContainerEdits, DeviceNode, Mount, Spec};
+use crate::core::checkpoint::{Checkpoint, ClaimRecord, ClaimState};
+use crate::core::fsutil::{remove_if_exists, write_atomic};
+use crate::core::types::{AllocatedDevice, ClaimAllocation, PreparedDevice};
+
+pub const CD_DRIVER: &str = "compute-domain.nvidia.com";
+pub const DOMAIN_LABEL: &str = "resource.nvidia.com/computeDomain";
+pub const CDI_VENDOR: &str = "k8s.compute-domain.nvidia.com";
+/// Where the NVIDIA driver creates IMEX channel device nodes.
+pub const CHANNELS_DIR: &str = "/dev/nvidia-caps-imex-channels";
+const API_VERSION: &str = "resource.nvidia.com/v1beta1";
+
+/// The devices this node publishes: `channel-0` and `daemon-0`.
+pub fn pool_contents() -> Vec<SliceContent> {
+    let device = |name: &str, kind: &str| Device {
+        name: name.into(),
+        attributes: Some(BTreeMap::from([
+            (
+                "type".to_string(),
+                DeviceAttribute {
+                    string: Some(kind.into()),
+                    ..Default::default()
+                },
+            ),
+            (
+                "id".to_string(),
+                DeviceAttribute {
+                    int: Some(0),
+                    ..Default::default()
+                },
+            ),
+        ])),
+        ..Default::default()
+    };
+    vec![SliceContent {
+        devices: vec![device("channel-0", "channel"), device("daemon-0", "daemon")],
+        shared_counters: Vec::new(),
+    }]
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
+pub enum AllocationMode {
+    #[default]
+    Single,
+    All,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct ChannelConfig {
+    #[serde(rename = "domainID")]
+    domain_id: String,
+    #[serde(default)]
+    allocation_mode: AllocationMode,
+}
+
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DaemonConfig {
+    #[serde(rename = "domainID")]
+    domain_id: String,
+}
+
+/// What a claim holds, recorded so unprepare knows which domain label it may release.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+enum Holding {
+    #[serde(rename_all = "camelCase")]
+    Channel { domain_id: String },
+    #[serde(rename_all = "camelCase")]
+    Daemon { domain_id: String },
+}
+
+/// Sets or clears this node's domain label.
+pub trait NodeLabeler: Send + Sync + 'static {
+    fn current(&self) -> BoxFuture<'_, Result<Option<String>, Error>>;
+    fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>>;
+}
+
+pub struct ComputeDomainState {
+    checkpoint: Checkpoint,
+    cdi_root: PathBuf,
+    plugin_dir: PathBuf,
+    channels_dir: PathBuf,
+    labeler: Option<Arc<dyn NodeLabeler>>,
+    // Claims of this driver are few and touch one node label: one at a time keeps that simple.
+    lock: tokio::sync::Mutex<()>,
+}
+
+fn cdi_id(uid: &str, device: &str) -> String {
+    format!("{CDI_VENDOR}/claim={uid}-{device}")
+}
+
+impl ComputeDomainState {
+    pub fn new(
+        checkpoint: Checkpoint,
+        cdi_root: PathBuf,
+        plugin_dir: PathBuf,
+        channels_dir: PathBuf,
+        labeler: Option<Arc<dyn NodeLabeler>>,
+    ) -> Self {
+        ComputeDomainState {
+            checkpoint,
+            cdi_root,
+            plugin_dir,
+            channels_dir,
+            labeler,
+            lock: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub fn spec_path(&self, uid: &str) -> PathBuf {
+        self.cdi_root.join(format!("{CDI_VENDOR}-claim_{uid}.json"))
+    }
+
+    /// The last matching opaque config of `kind` for a device (class configs first, claim last).
+    fn config<T: serde::de::DeserializeOwned>(
+        alloc: &ClaimAllocation,
+        d: &AllocatedDevice,
+        kind: &str,
+    ) -> Result<T, Error> {
+        let entry = alloc
+            .configs
+            .iter()
+            .filter(|c| {
+                c.requests.is_empty()
+                    || c.requests
+                        .iter()
+                        .any(|r| r == &d.request || r == d.base_request())
+            })
+            .filter(|c| c.parameters.get("kind").and_then(|k| k.as_str()) == Some(kind))
+            .next_back()
+            .ok_or_else(|| {
+                Error::InvalidAllocation(format!(
+                    "device {}: no opaque {kind} for request {}",
+                    d.device, d.request
+                ))
+            })?;
+        if entry.parameters.get("apiVersion").and_then(|v| v.as_str()) != Some(API_VERSION) {
+            return Err(Error::InvalidAllocation(format!(
+                "{}.apiVersion: want {API_VERSION}",
+                entry.path
+            )));
+        }
+        let mut body = entry.parameters.clone();
+        if let Some(o) = body.as_object_mut() {
+            o.remove("apiVersion");
+            o.remove("kind");
+        }
+        serde_json::from_value(body)
+            .map_err(|e| Error::InvalidAllocation(format!("{}: {e}", entry.path)))
+    }
+
+    fn channel_numbers(&self, mode: AllocationMode) -> Result<Vec<u32>, Error> {
+        if mode == AllocationMode::Single {
+            return Ok(vec![0]);
+        }
+        let entries = std::fs::read_dir(&self.channels_dir)
+            .map_err(|e| Error::io("listing IMEX channels", &self.channels_dir, e))?;
+        let mut n: Vec<u32> = entries
+            .filter_map(|e| {
+                e.ok()?
+                    .file_name()
+                    .to_str()?
+                    .strip_prefix("channel")?
+                    .parse()
+                    .ok()
+            })
+            .collect();
+        n.sort_unstable();
+        if n.is_empty() {
+            return Err(Error::Device(format!(
+                "no IMEX channels in {}",
+                self.channels_dir.display()
+            )));
+        }
+        Ok(n)
+    }
+
+    fn domains_in_use(&self, except: &str) -> Vec<String> {
+        self.checkpoint
+            .claims()
+            .iter()
+            .filter(|(uid, _)| uid.as_str() != except)
+            .flat_map(|(_, r)| {
+                r.hardware
+                    .iter()
+                    .filter_map(|h| serde_json::from_value::<Holding>(h.clone()).ok())
+            })
+            .filter_map(|h| match h {
+                Holding::Channel { domain_id } => Some(domain_id),
+                Holding::Daemon { .. } => None,
+            })
+            .collect()
+    }
+
+    async fn prepare_claim(&self, alloc: &ClaimAllocation) -> Result<Vec<PreparedDevice>, Error> {
+        let _guard = self.lock.lock().await;
+        let uid = &alloc.claim.uid;
+        if let Some(r) = self
+            .checkpoint
+            .get(uid)
+            .filter(|r| r.state == ClaimState::PrepareCompleted)
+        {
+            return Ok(r.devices);
+        }
+        if alloc.devices.is_empty() {
+            return Err(Error::InvalidAllocation(format!(
+                "ResourceClaim {} has no devices of {CD_DRIVER} here",
+                alloc.claim.key()
+            )));
+        }
+        let mut holdings = Vec::new();
+        let mut cdi_devices = Vec::new();
+        let mut prepared = Vec::new();
+        for d in &alloc.devices {
+            let edits = match d.device.as_str() {
+                "channel-0" => {
+                    let c: ChannelConfig = Self::config(alloc, d, "ComputeDomainChannelConfig")?;
+                    let nodes = self.channel_numbers(c.allocation_mode)?;
+                    holdings.push(Holding::Channel {
+                        domain_id: c.domain_id.clone(),
+                    });
+                    ContainerEdits {
+                        device_nodes: nodes
+                            .iter()
+                            .map(|n| DeviceNode {
+                                path: format!("{CHANNELS_DIR}/channel{n}"),
+                            })
+                            .collect(),
+                        ..Default::default()
+                    }
+                }
+                "daemon-0" => {
+                    let c: DaemonConfig = Self::config(alloc, d, "ComputeDomainDaemonConfig")?;
+                    let dir = self.plugin_dir.join("domains").join(&c.domain_id);
+                    std::fs::create_dir_all(&dir)
+                        .map_err(|e| Error::io("creating the domain directory", &dir, e))?;
+                    let cfg = dir.join("imexd.cfg");
+                    write_atomic(
+                        &cfg,
+                        format!("IMEX_DOMAIN={}\nSERVER_PORT=50000\n", c.domain_id).as_bytes(),
+                    )
+                    .map_err(|e| Error::io("writing", &cfg, e))?;
+                    holdings.push(Holding::Daemon {
+                        domain_id: c.domain_id.clone(),
+                    });
+                    ContainerEdits {
+                        env: vec![format!("COMPUTE_DOMAIN_UUID={}", c.domain_id)],
+                        mounts: vec![Mount {
+                            host_path: dir.to_string_lossy().into_owned(),
+                            container_path: "/imexd".into(),
+                            options: vec!["rw".into(), "bind".into()],
+                        }],
+                        ..Default::default()
+                    }
+                }
+                other => {
+                    return Err(Error::InvalidAllocation(format!(
+                        "device {}/{other}: not a device of {CD_DRIVER}",
+                        d.pool
+                    )));
+                }
+            };
+            cdi_devices.push(CdiDevice {
+                name: format!("{uid}-{}", d.device),
+                container_edits: edits,
+            });
+            prepared.push(PreparedDevice {
+                request_names: vec![d.base_request().to_string()],
+                pool_name: d.pool.clone(),
+                device_name: d.device.clone(),
+                cdi_device_ids: vec![cdi_id(uid, &d.device)],
+                share_id: None,
+            });
+        }
+        let channel_domain = holdings.iter().find_map(|h| match h {
+            Holding::Channel { domain_id } => Some(domain_id.clone()),
+            Holding::Daemon { .. } => None,
+        });
+        if let Some(domain) = &channel_domain {
+            if let Some(other) = self.domains_in_use(uid).into_iter().find(|o| o != domain) {
+                return Err(Error::Busy(format!(
+                    "this node serves ComputeDomain {other}; a channel of {domain} cannot be prepared here"
+                )));
+            }
+            if let Some(l) = &self.labeler {
+                l.set(Some(domain)).await?;
+            }
+        }
+        let record = ClaimRecord {
+            state: ClaimState::PrepareCompleted,
+            namespace: alloc.claim.namespace.clone(),
+            name: alloc.claim.name.clone(),
+            devices: prepared.clone(),
+            hardware: holdings
+                .iter()
+                .map(|h| serde_json::to_value(h).expect("serializes"))
+                .collect(),
+            unknown: Default::default(),
+        };
+        let spec = Spec {
+            cdi_version: crate::core::cdi::CDI_VERSION.into(),
+            kind: format!("{CDI_VENDOR}/claim"),
+            annotations: BTreeMap::new(),
+            devices: cdi_devices,
+            container_edits: ContainerEdits::default(),
+        };
+        std::fs::create_dir_all(&self.cdi_root)
+            .map_err(|e| Error::io("creating the CDI root", &self.cdi_root, e))?;
+        let path = self.spec_path(uid);
+        write_atomic(&path, &serde_json::to_vec(&spec).expect("spec serializes"))
+            .map_err(|e| Error::io("writing the CDI spec", &path, e))?;
+        self.checkpoint
+            .update(|c| c.insert(uid.clone(), record))
+            .await?;
+        info!(claim = %alloc.claim.key(), domain = ?channel_domain, "prepared compute-domain devices");
+        Ok(prepared)
+    }
+
+    async fn unprepare_claim(&self, uid: &str) -> Result<(), Error> {
+        let _guard = self.lock.lock().await;
+        let path = self.spec_path(uid);
+        remove_if_exists(&path).map_err(|e| Error::io("removing the CDI spec", &path, e))?;
+        let Some(record) = self.checkpoint.get(uid) else {
+            return Ok(());
+        };
+        let held_channel = record.hardware.iter().any(|h| {
+            matches!(
+                serde_json::from_value::<Holding>(h.clone()),
+                Ok(Holding::Channel { .. })
+            )
+        });
+        self.checkpoint
+            .update(|c| {
+                c.remove(uid);
+            })
+            .await?;
+        if held_channel
+            && self.domains_in_use(uid).is_empty()
+            && let Some(l) = &self.labeler
+        {
+            l.set(None).await?;
+        }
+        Ok(())
+    }
+}
+
+impl Preparer for ComputeDomainState {
+    fn prepare<'a>(
+        &'a self,
+        alloc: &'a ClaimAllocation,
+    ) -> BoxFuture<'a, Result<Vec<PreparedDevice>, Error>> {
+        Box::pin(self.prepare_claim(alloc))
+    }
+
+    fn unprepare<'a>(&'a self, claim_uid: &'a str) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(self.unprepare_claim(claim_uid))
+    }
+
+    fn checkpoint(&self) -> &Checkpoint {
+        &self.checkpoint
+    }
+}
+
+/// The node label through server-side apply (its own field manager, so releasing it removes only
+/// what this plugin set).
+pub struct KubeNodeLabeler {
+    pub client: kube::Client,
+    pub node: String,
+}
+
+impl NodeLabeler for KubeNodeLabeler {
+    fn current(&self) -> BoxFuture<'_, Result<Option<String>, Error>> {
+        Box::pin(async move {
+            let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+                .get(&self.node)
+                .await?;
+            Ok(node
+                .metadata
+                .labels
+                .and_then(|l| l.get(DOMAIN_LABEL).cloned()))
+        })
+    }
+
+    fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            let labels = match domain {
+                Some(d) => serde_json::json!({ DOMAIN_LABEL: d }),
+                None => serde_json::json!({}),
+            };
+            let patch = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "labels": labels}});
+            let params =
+                kube::api::PatchParams::apply("compute-domain.nvidia.com/dra-plugin").force();
+            kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+                .patch(&self.node, &params, &kube::api::Patch::Apply(patch))
+                .await?;
+            Ok(())
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests;

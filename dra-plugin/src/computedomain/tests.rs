@@ -1,0 +1,234 @@
+use std::sync::Mutex;
+
+use serde_json::json;
+
+use super::*;
+use crate::core::types::{ClaimRef, ConfigEntry, ConfigSource};
+
+#[derive(Default)]
+struct FakeLabeler(Mutex<Option<String>>);
+
+impl NodeLabeler for FakeLabeler {
+    fn current(&self) -> BoxFuture<'_, Result<Option<String>, Error>> {
+        Box::pin(async move { Ok(self.0.lock().unwrap().clone()) })
+    }
+    fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>> {
+        Box::pin(async move {
+            *self.0.lock().unwrap() = domain.map(str::to_string);
+            Ok(())
+        })
+    }
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    state: ComputeDomainState,
+    labeler: Arc<FakeLabeler>,
+}
+
+fn fixture() -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let channels = dir.path().join("channels");
+    std::fs::create_dir_all(&channels).unwrap();
+    for n in [0, 1, 2] {
+        std::fs::write(channels.join(format!("channel{n}")), "").unwrap();
+    }
+    let (cp, _) = Checkpoint::load(&dir.path().join("checkpoint.json"), "boot").unwrap();
+    let labeler = Arc::new(FakeLabeler::default());
+    let state = ComputeDomainState::new(
+        cp,
+        dir.path().join("cdi"),
+        dir.path().join("plugin"),
+        channels,
+        Some(labeler.clone() as Arc<dyn NodeLabeler>),
+    );
+    Fixture {
+        dir,
+        state,
+        labeler,
+    }
+}
+
+fn claim(uid: &str, device: &str, kind: &str, params: serde_json::Value) -> ClaimAllocation {
+    let mut p = params;
+    p["apiVersion"] = json!("resource.nvidia.com/v1beta1");
+    p["kind"] = json!(kind);
+    ClaimAllocation {
+        claim: ClaimRef {
+            uid: uid.into(),
+            namespace: "ns".into(),
+            name: format!("c-{uid}"),
+        },
+        devices: vec![AllocatedDevice {
+            request: "channel".into(),
+            pool: "n1".into(),
+            device: device.into(),
+            admin_access: false,
+            share_id: None,
+        }],
+        configs: vec![ConfigEntry {
+            source: ConfigSource::Claim,
+            requests: vec![],
+            parameters: p,
+            path: "config[0].opaque.parameters".into(),
+        }],
+    }
+}
+
+fn spec(f: &Fixture, uid: &str) -> Spec {
+    serde_json::from_slice(&std::fs::read(f.state.spec_path(uid)).unwrap()).unwrap()
+}
+
+#[test]
+fn publishes_one_channel_and_one_daemon_device() {
+    let pool = pool_contents();
+    let names: Vec<_> = pool[0].devices.iter().map(|d| d.name.as_str()).collect();
+    assert_eq!(names, ["channel-0", "daemon-0"]);
+    let attrs = pool[0].devices[0].attributes.as_ref().unwrap();
+    assert_eq!(attrs["type"].string.as_deref(), Some("channel"));
+    assert_eq!(attrs["id"].int, Some(0));
+}
+
+#[tokio::test]
+async fn a_channel_claim_gets_its_device_node_and_labels_the_node() {
+    let f = fixture();
+    let c = claim(
+        "u1",
+        "channel-0",
+        "ComputeDomainChannelConfig",
+        json!({"domainID": "d-1"}),
+    );
+    let devices = f.state.prepare(&c).await.unwrap();
+    assert_eq!(
+        devices[0].cdi_device_ids,
+        ["k8s.compute-domain.nvidia.com/claim=u1-channel-0"]
+    );
+    let s = spec(&f, "u1");
+    assert_eq!(s.kind, "k8s.compute-domain.nvidia.com/claim");
+    assert_eq!(
+        s.devices[0].container_edits.device_nodes,
+        [DeviceNode {
+            path: "/dev/nvidia-caps-imex-channels/channel0".into()
+        }]
+    );
+    assert_eq!(f.labeler.0.lock().unwrap().as_deref(), Some("d-1"));
+    assert_eq!(f.state.prepare(&c).await.unwrap(), devices, "idempotent");
+
+    // Another domain's channel cannot share the node.
+    let other = claim(
+        "u2",
+        "channel-0",
+        "ComputeDomainChannelConfig",
+        json!({"domainID": "d-2"}),
+    );
+    let e = f.state.prepare(&other).await.unwrap_err().to_string();
+    assert!(e.contains("d-1") && e.contains("d-2"), "{e}");
+    // The same domain can (a second pod of the workload).
+    f.state
+        .prepare(&claim(
+            "u3",
+            "channel-0",
+            "ComputeDomainChannelConfig",
+            json!({"domainID": "d-1", "allocationMode": "All"}),
+        ))
+        .await
+        .unwrap();
+    let nodes: Vec<_> = spec(&f, "u3").devices[0]
+        .container_edits
+        .device_nodes
+        .iter()
+        .map(|n| n.path.clone())
+        .collect();
+    assert_eq!(nodes.len(), 3, "All injects every channel: {nodes:?}");
+
+    f.state.unprepare("u1").await.unwrap();
+    assert_eq!(
+        f.labeler.0.lock().unwrap().as_deref(),
+        Some("d-1"),
+        "u3 still holds the domain"
+    );
+    f.state.unprepare("u3").await.unwrap();
+    assert_eq!(
+        *f.labeler.0.lock().unwrap(),
+        None,
+        "label released with the last channel"
+    );
+    assert!(!f.state.spec_path("u1").exists());
+    f.state.unprepare("unknown").await.unwrap();
+}
+
+#[tokio::test]
+async fn a_daemon_claim_gets_its_domain_directory() {
+    let f = fixture();
+    f.state
+        .prepare(&claim(
+            "u1",
+            "daemon-0",
+            "ComputeDomainDaemonConfig",
+            json!({"domainID": "d-9"}),
+        ))
+        .await
+        .unwrap();
+    let s = spec(&f, "u1");
+    let m = &s.devices[0].container_edits.mounts[0];
+    assert_eq!(m.container_path, "/imexd");
+    assert!(
+        std::path::Path::new(&m.host_path)
+            .join("imexd.cfg")
+            .exists()
+    );
+    assert_eq!(
+        s.devices[0].container_edits.env,
+        ["COMPUTE_DOMAIN_UUID=d-9"]
+    );
+    assert_eq!(*f.labeler.0.lock().unwrap(), None, "daemons do not label");
+    let _ = &f.dir;
+}
+
+#[tokio::test]
+async fn bad_configs_are_per_claim_errors_naming_the_field() {
+    let f = fixture();
+    let cases = [
+        (
+            claim(
+                "a",
+                "channel-0",
+                "ComputeDomainChannelConfig",
+                json!({"domainId": "x"}),
+            ),
+            "domainId",
+        ),
+        (
+            claim(
+                "b",
+                "channel-0",
+                "ComputeDomainDaemonConfig",
+                json!({"domainID": "x"}),
+            ),
+            "no opaque ComputeDomainChannelConfig",
+        ),
+        (
+            claim(
+                "c",
+                "channel-0",
+                "ComputeDomainChannelConfig",
+                json!({"domainID": "x", "allocationMode": "Some"}),
+            ),
+            "Some",
+        ),
+        (
+            claim(
+                "d",
+                "gpu-0",
+                "ComputeDomainChannelConfig",
+                json!({"domainID": "x"}),
+            ),
+            "not a device",
+        ),
+    ];
+    for (c, want) in cases {
+        let e = f.state.prepare(&c).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{}: {e}", c.claim.uid);
+    }
+    assert!(f.state.checkpoint().claims().is_empty());
+}

@@ -1,0 +1,100 @@
+//! The compute-domain driver mode over its real sockets (offline claims, no API server).
+use std::time::Duration;
+
+use dra_plugin::cli::Cli;
+use dra_plugin::grpc::client::{get_info, unix_channel};
+use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
+use tokio::sync::watch;
+
+#[tokio::test]
+async fn a_channel_claim_is_prepared_under_the_compute_domain_driver() {
+    use clap::Parser;
+    let tmp = tempfile::tempdir().unwrap();
+    let d = tmp.path();
+    std::fs::create_dir_all(d.join("claims")).unwrap();
+    std::fs::write(d.join("boot_id"), "b\n").unwrap();
+    let claim = serde_json::json!({
+        "metadata": {"name": "ch", "namespace": "ns", "uid": "uid-ch"},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "channel", "driver": "compute-domain.nvidia.com", "pool": "node-1", "device": "channel-0"}],
+            "config": [{"source": "FromClaim", "opaque": {"driver": "compute-domain.nvidia.com", "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "dom-1"}}}]
+        }}}
+    });
+    std::fs::write(d.join("claims/ns_ch.json"), claim.to_string()).unwrap();
+    let p = |s: &str| d.join(s).display().to_string();
+    let cli = Cli::parse_from([
+        "dra-plugin",
+        "run",
+        "--node-name",
+        "node-1",
+        "--driver-name",
+        "compute-domain.nvidia.com",
+        "--registrar-dir",
+        &p("registry"),
+        "--plugin-dir",
+        &p("plugin"),
+        "--cdi-root",
+        &p("cdi"),
+        "--metrics-port",
+        "0",
+        "--healthcheck-port",
+        "0",
+        "--offline-claims-dir",
+        &p("claims"),
+        "--boot-id-file",
+        &p("boot_id"),
+    ]);
+    let dra_plugin::cli::Command::Run(args) = cli.command else {
+        panic!("run")
+    };
+    let (stop, rx) = watch::channel(false);
+    let task = tokio::spawn(dra_plugin::run::run_until(args, rx));
+    let reg = d.join("registry/compute-domain.nvidia.com-reg.sock");
+    let mut info = None;
+    for _ in 0..200 {
+        if let Ok(i) = get_info(&reg).await {
+            info = Some(i);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(info.expect("registered").name, "compute-domain.nvidia.com");
+    let mut client = DraPluginClient::new(unix_channel(&d.join("plugin/dra.sock")).await.unwrap());
+    let c = v1::Claim {
+        namespace: "ns".into(),
+        uid: "uid-ch".into(),
+        name: "ch".into(),
+    };
+    let r = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims["uid-ch"].error, "");
+    assert_eq!(
+        r.claims["uid-ch"].devices[0].cdi_device_ids,
+        ["k8s.compute-domain.nvidia.com/claim=uid-ch-channel-0"]
+    );
+    let spec =
+        std::fs::read_to_string(d.join("cdi/k8s.compute-domain.nvidia.com-claim_uid-ch.json"))
+            .unwrap();
+    assert!(
+        spec.contains("/dev/nvidia-caps-imex-channels/channel0"),
+        "{spec}"
+    );
+    let u = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![c] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(u.claims["uid-ch"].error, "");
+    assert!(
+        !d.join("cdi/k8s.compute-domain.nvidia.com-claim_uid-ch.json")
+            .exists()
+    );
+    stop.send(true).unwrap();
+    task.await.unwrap().unwrap();
+}
