@@ -146,8 +146,7 @@ impl ComputeDomainState {
                         .iter()
                         .any(|r| r == &d.request || r == d.base_request())
             })
-            .filter(|c| c.parameters.get("kind").and_then(|k| k.as_str()) == Some(kind))
-            .next_back()
+            .rfind(|c| c.parameters.get("kind").and_then(|k| k.as_str()) == Some(kind))
             .ok_or_else(|| {
                 Error::InvalidAllocation(format!(
                     "device {}: no opaque {kind} for request {}",
