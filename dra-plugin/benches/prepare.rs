@@ -3,6 +3,8 @@
 //! Starts `dra-plugin run` (simulated backend, offline claims, real fsync'd checkpoint and CDI
 //! writes) as a child process, drives N concurrent claims through R prepare/unprepare rounds each,
 //! and prints p50/p99 per call and the child's peak RSS (VmHWM). Figures, not assertions.
+//! CDI specs go to tmpfs when `/dev/shm` exists (as `/var/run/cdi` on a node), the fsync'd
+//! checkpoint to the disk the temp dir is on.
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -50,6 +52,13 @@ fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
 
 async fn bench(run: Run, rounds: usize) {
     let tmp = tempfile::tempdir().unwrap();
+    // On nodes /var/run/cdi lives on tmpfs (/run); the checkpoint lives on the kubelet's disk.
+    // Mirror that when this machine has a tmpfs, so the figures are a node's.
+    let cdi_tmp = tempfile::tempdir_in("/dev/shm").ok();
+    let cdi_dir = cdi_tmp
+        .as_ref()
+        .map(|t| t.path().join("cdi"))
+        .unwrap_or_else(|| tmp.path().join("cdi"));
     let dir = tmp.path();
     let claims_dir = dir.join("claims");
     std::fs::create_dir_all(&claims_dir).unwrap();
@@ -87,7 +96,7 @@ async fn bench(run: Run, rounds: usize) {
         "--plugin-dir",
         &arg(dir.join("plugin")),
         "--cdi-root",
-        &arg(dir.join("cdi")),
+        &arg(cdi_dir.clone()),
     ]);
     cmd.args([
         "--offline-claims-dir",
@@ -183,6 +192,15 @@ fn main() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(20);
+    println!(
+        "checkpoint on {} (fsync'd); CDI specs on {}",
+        std::env::temp_dir().display(),
+        if Path::new("/dev/shm").is_dir() {
+            "tmpfs (/dev/shm)"
+        } else {
+            "the same disk"
+        }
+    );
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
