@@ -399,3 +399,179 @@ fn consumable_shares_let_gpu_and_mig_devices_be_shared_by_memory() {
     enable_consumable_shares(&mut mig);
     check(&mig, 7);
 }
+
+/// For every MIG-capable model: each placement's consumption fits the GPU's counters; the whole GPU
+/// and any placement, or two overlapping placements, can never be allocated together; and every
+/// layout the hardware accepts (disjoint memory slices; compute slices, instance limits and the
+/// physical media engines respected) fits the counters, so the scheduler never refuses what the
+/// GPU could do.
+#[test]
+fn counters_match_the_hardware_for_every_model_and_placement() {
+    use std::collections::BTreeMap as Map;
+    let int = |q: &Quantity| crate::quantity::parse_int(&q.0).unwrap();
+    let opts = SliceOptions {
+        dynamic_mig: true,
+        ..SliceOptions::new("node-a")
+    };
+    for model in crate::profiles::catalog().iter().filter(|m| m.mig_capable) {
+        let inv = Inventory {
+            gpus: vec![
+                simulate_node("n", &[GpuGroup::parse(&model.key).unwrap()], None)
+                    .unwrap()
+                    .gpus
+                    .remove(0),
+            ],
+        };
+        let pool = build_pool(&inv, &opts, &TaintMap::new());
+        let totals: Map<String, u128> = pool[0].shared_counters[0]
+            .counters
+            .iter()
+            .map(|(k, v)| (k.clone(), int(&v.value)))
+            .collect();
+        let use_of = |d: &Device| -> Map<String, u128> {
+            d.consumes_counters.as_ref().unwrap()[0]
+                .counters
+                .iter()
+                .map(|(k, v)| (k.clone(), int(&v.value)))
+                .collect()
+        };
+        let fits = |sets: &[&Map<String, u128>]| {
+            totals.iter().all(|(k, total)| {
+                sets.iter()
+                    .map(|s| s.get(k).copied().unwrap_or(0))
+                    .sum::<u128>()
+                    <= *total
+            })
+        };
+        let devices: Vec<&Device> = all_devices(&pool);
+        let whole = devices.iter().find(|d| d.name == "gpu-0").unwrap();
+        let migs: Vec<(&Device, Map<String, u128>)> = devices
+            .iter()
+            .filter(|d| d.name != "gpu-0")
+            .map(|d| (*d, use_of(d)))
+            .collect();
+        let whole_use = use_of(whole);
+        assert!(
+            fits(&[&whole_use]),
+            "{}: the whole GPU fits alone",
+            model.key
+        );
+        for (d, u) in &migs {
+            assert!(fits(&[u]), "{} {}: fits alone", model.key, d.name);
+            assert!(
+                !fits(&[u, &whole_use]),
+                "{} {}: never together with the whole GPU",
+                model.key,
+                d.name
+            );
+        }
+        let slices_of = |u: &Map<String, u128>| -> Vec<String> {
+            u.keys()
+                .filter(|k| k.starts_with("memory-slice-"))
+                .cloned()
+                .collect()
+        };
+        for (i, (a, ua)) in migs.iter().enumerate() {
+            for (b, ub) in &migs[i + 1..] {
+                let overlap = slices_of(ua).iter().any(|s| slices_of(ub).contains(s));
+                if overlap {
+                    assert!(
+                        !fits(&[ua, ub]),
+                        "{}: {} and {} overlap but fit the counters",
+                        model.key,
+                        a.name,
+                        b.name
+                    );
+                }
+            }
+        }
+        // Every hardware-valid layout (depth-first over disjoint placements) fits the counters.
+        let profile_of = |d: &Device| {
+            d.attributes.as_ref().unwrap()["profile"]
+                .string
+                .clone()
+                .unwrap()
+        };
+        fn walk<'a>(
+            i: usize,
+            migs: &'a [(&Device, Map<String, u128>)],
+            chosen: &mut Vec<usize>,
+            check: &mut dyn FnMut(&[usize]) -> bool,
+            count: &mut usize,
+        ) {
+            if !check(chosen) {
+                return;
+            }
+            *count += 1;
+            for j in i..migs.len() {
+                chosen.push(j);
+                walk(j + 1, migs, chosen, check, count);
+                chosen.pop();
+            }
+        }
+        let mut layouts = 0;
+        let mut check = |chosen: &[usize]| -> bool {
+            let sets: Vec<&Map<String, u128>> = chosen.iter().map(|&j| &migs[j].1).collect();
+            let mut used_slices = Vec::new();
+            for s in &sets {
+                for sl in slices_of(s) {
+                    if used_slices.contains(&sl) {
+                        return false; // not a hardware layout: prune
+                    }
+                    used_slices.push(sl);
+                }
+            }
+            let compute: u32 = chosen
+                .iter()
+                .map(|&j| {
+                    model
+                        .profile(&profile_of(migs[j].0))
+                        .unwrap()
+                        .compute_slices
+                })
+                .sum();
+            if compute > model.compute_slices {
+                return false;
+            }
+            for p in &model.profiles {
+                let n = chosen
+                    .iter()
+                    .filter(|&&j| profile_of(migs[j].0) == p.name)
+                    .count() as u32;
+                if n > p.max_instances {
+                    return false;
+                }
+            }
+            // Media engines are physical: the full-size profile owns all of them.
+            let full = model
+                .profiles
+                .iter()
+                .max_by_key(|p| (p.compute_slices, p.memory_slices))
+                .unwrap();
+            let engines = |f: fn(&crate::profiles::MigProfile) -> u32| -> u32 {
+                chosen
+                    .iter()
+                    .map(|&j| f(model.profile(&profile_of(migs[j].0)).unwrap()))
+                    .sum()
+            };
+            if engines(|p| p.jpeg_engines) > full.jpeg_engines
+                || engines(|p| p.ofa_engines) > full.ofa_engines
+            {
+                return false;
+            }
+            assert!(
+                fits(&sets),
+                "{}: a valid layout {:?} does not fit the counters",
+                model.key,
+                chosen.iter().map(|&j| &migs[j].0.name).collect::<Vec<_>>()
+            );
+            true
+        };
+        walk(0, &migs, &mut Vec::new(), &mut check, &mut layouts);
+        assert!(
+            layouts > migs.len(),
+            "{}: {layouts} layouts checked",
+            model.key
+        );
+    }
+}
