@@ -603,3 +603,16 @@ pub async fn dry_run_create(
         Err(e) => Err(e.into()),
     }
 }
+
+/// The device results of a claim's allocation (empty while unallocated).
+pub fn allocation_results(
+    claim: &k8s_openapi::api::resource::v1::ResourceClaim,
+) -> Vec<k8s_openapi::api::resource::v1::DeviceRequestAllocationResult> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .unwrap_or_default()
+}

@@ -13,3 +13,15 @@ pub mod plugin;
 
 /// The DRA driver name the plugin serves.
 pub const DRIVER: &str = "gpu.nvidia.com";
+
+/// The scenario's [`env::Env`], or an early `Ok(())` (the scenario prints SKIP) when no cluster is
+/// configured (`E2E_KUBECONFIG` unset).
+#[macro_export]
+macro_rules! env_or_skip {
+    ($name:expr) => {
+        match $crate::env::Env::new($name).await? {
+            Some(env) => env,
+            None => return Ok(()),
+        }
+    };
+}

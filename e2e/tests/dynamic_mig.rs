@@ -3,27 +3,11 @@
 //! exactly that instance at prepare and destroys it at unprepare.
 use anyhow::{Context, Result, ensure};
 use e2e::env::{Env, PodClaim};
-use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim};
 use kube::ResourceExt;
 
-macro_rules! env_or_skip {
-    ($name:expr) => {
-        match Env::new($name).await? {
-            Some(env) => env,
-            None => return Ok(()),
-        }
-    };
-}
+use e2e::env_or_skip;
 
-fn results(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default()
-}
+use e2e::env::allocation_results as results;
 
 fn mig_template(name: &str, profile: &str) -> String {
     format!(

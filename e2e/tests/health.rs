@@ -8,14 +8,7 @@ use e2e::env::{Env, PodClaim, WAIT, wait_until};
 use kube::ResourceExt;
 use kubelet_proto::health_v1::{self as h1, dra_resource_health_client::DraResourceHealthClient};
 
-macro_rules! env_or_skip {
-    ($name:expr) => {
-        match Env::new($name).await? {
-            Some(env) => env,
-            None => return Ok(()),
-        }
-    };
-}
+use e2e::env_or_skip;
 
 fn inject(env: &Env, node: &str, line: &str) -> Result<()> {
     use std::io::Write;

@@ -10,14 +10,7 @@ use e2e::env::{Env, PodClaim};
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 use kube::ResourceExt;
 
-macro_rules! env_or_skip {
-    ($name:expr) => {
-        match Env::new($name).await? {
-            Some(env) => env,
-            None => return Ok(()),
-        }
-    };
-}
+use e2e::env_or_skip;
 
 /// `dra-plugin mock-nvml-root`: builds the mock and writes its driver root under `dir`.
 async fn mock_root(env: &Env, node: &str, profile: &str, dir: &Path) -> Result<()> {

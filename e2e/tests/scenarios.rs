@@ -11,7 +11,7 @@ use e2e::env::{
     DeviceInfo, Env, PodClaim, WAIT, dry_run_create, wait_until, yaml_docs, yaml_files,
 };
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::resource::v1::{DeviceRequestAllocationResult, ResourceClaim, ResourceSlice};
+use k8s_openapi::api::resource::v1::ResourceSlice;
 use kube::ResourceExt;
 use kube::api::{Api, DeleteParams, ListParams};
 use kube::discovery::Discovery;
@@ -19,14 +19,7 @@ use kubelet_proto::dra_v1;
 
 mod double;
 
-macro_rules! env_or_skip {
-    ($name:expr) => {
-        match Env::new($name).await? {
-            Some(env) => env,
-            None => return Ok(()),
-        }
-    };
-}
+use e2e::env_or_skip;
 
 const CDI_KIND: &str = "k8s.gpu.nvidia.com/claim";
 
@@ -37,15 +30,7 @@ fn cdi_file(env: &Env, node: &str, claim_uid: &str) -> PathBuf {
         .join(format!("k8s.gpu.nvidia.com-claim_{claim_uid}.json"))
 }
 
-fn results(claim: &ResourceClaim) -> Vec<DeviceRequestAllocationResult> {
-    claim
-        .status
-        .as_ref()
-        .and_then(|s| s.allocation.as_ref())
-        .and_then(|a| a.devices.as_ref())
-        .and_then(|d| d.results.clone())
-        .unwrap_or_default()
-}
+use e2e::env::allocation_results as results;
 
 /// `dra-plugin slices ... -o json` as a list of objects.
 fn offline_slices(env: &Env, args: &[&str]) -> Result<Vec<serde_json::Value>> {

@@ -6,14 +6,7 @@ use e2e::env::{Env, PodClaim, WAIT, wait_until};
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 
-macro_rules! env_or_skip {
-    ($name:expr) => {
-        match Env::new($name).await? {
-            Some(env) => env,
-            None => return Ok(()),
-        }
-    };
-}
+use e2e::env_or_skip;
 
 const GATES: &str = "TimeSlicingSettings=true,MPSSupport=true";
 
