@@ -9,7 +9,7 @@ FILTER ?=
 ## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
 ## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
 run:
-	cargo run -q -p dra-controller -- simulate examples/claims/inference-gpu.yaml
+	cargo run -q -p dra-controller --bin dra-controller -- simulate examples/claims/inference-gpu.yaml
 
 build:
 	cargo build --workspace --all-targets
