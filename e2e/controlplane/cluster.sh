@@ -8,13 +8,16 @@
 CLUSTER_PIDS=()
 ADMIN_TOKEN="e2e-admin-$RANDOM$RANDOM"
 
-# A loopback TCP port nobody listens on. Ports are probed randomly in 20000-59999 and remembered so two
-# components never get the same one.
+# A loopback TCP port nobody listens on. Ports are probed randomly below the kernel's ephemeral range
+# (ip_local_port_range, 32768+ by default): a port there may be the local end of some outgoing
+# connection, which a connect probe cannot see but which makes the later bind fail.
 _USED_PORTS=" "
+_EPHEMERAL_LOW=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "${_EPHEMERAL_LOW:-0}" -gt 21000 ] 2>/dev/null || _EPHEMERAL_LOW=32768
 free_port() {
   local p
   for _ in $(seq 1 200); do
-    p=$(( 20000 + (RANDOM * 32768 + RANDOM) % 40000 ))
+    p=$(( 20000 + (RANDOM * 32768 + RANDOM) % (_EPHEMERAL_LOW - 20000) ))
     case "$_USED_PORTS" in *" $p "*) continue ;; esac
     if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
       _USED_PORTS="$_USED_PORTS$p "
@@ -95,9 +98,12 @@ cluster_start() {
   CLUSTER_BIN=$1
   CLUSTER_DIR=$2
   mkdir -p "$CLUSTER_DIR/logs" "$CLUSTER_DIR/pki" "$CLUSTER_DIR/etcd"
+  # $(free_port) runs in a subshell, so its memory of handed-out ports is lost: keep them distinct here.
   ETCD_PORT=$(free_port)
   APISERVER_PORT=$(free_port)
+  while [ "$APISERVER_PORT" = "$ETCD_PORT" ]; do APISERVER_PORT=$(free_port); done
   SCHEDULER_PORT=$(free_port)
+  while [ "$SCHEDULER_PORT" = "$ETCD_PORT" ] || [ "$SCHEDULER_PORT" = "$APISERVER_PORT" ]; do SCHEDULER_PORT=$(free_port); done
   export ETCD_PORT APISERVER_PORT SCHEDULER_PORT ADMIN_TOKEN CLUSTER_DIR CLUSTER_BIN
 
   openssl genrsa -out "$CLUSTER_DIR/sa.key" 2048 2>/dev/null

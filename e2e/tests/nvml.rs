@@ -181,3 +181,114 @@ async fn nvml1_mock_nvml_node_dynamic_mig_inference() -> Result<()> {
     env.check_violations()?;
     env.teardown().await
 }
+
+/// kill -9 of the plugin while a burst of dynamic-MIG prepares is in flight, against the mock whose
+/// MIG state outlives the process (as a GPU's does): after the restart every pod runs, there is
+/// exactly one instance per claim (nothing leaked, nothing created twice), and deleting the pods
+/// leaves no instance behind.
+#[tokio::test]
+async fn nvml2_kill9_during_prepares_no_leak_no_double() -> Result<()> {
+    let mut env = env_or_skip!("nvml2_kill9_during_prepares_no_leak_no_double");
+    let node = "nvml2-h100";
+    let mock = env.work.join("nodes").join(node).join("mock-nvml");
+    mock_root(&env, node, "h100-80gb:2", &mock).await?;
+    let root = mock.join("root");
+    env.add_node(
+        node,
+        &[
+            "--backend",
+            "nvml",
+            "--driver-root",
+            root.to_str().context("driver root path")?,
+            "--feature-gates",
+            "DynamicMIG=true",
+        ],
+    )
+    .await?;
+    env.create_from_yaml(
+        r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: mig-1g
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+"#,
+    )
+    .await?;
+    let claim = [PodClaim {
+        name: "mig",
+        template: "mig-1g",
+    }];
+    let pods: Vec<String> = (0..10).map(|i| format!("burst-{i}")).collect();
+    for p in &pods {
+        env.create_pod(&env.pod_manifest(p, Some(node), &claim, None)?)
+            .await?;
+    }
+    // Kill as soon as the first prepare has finished: the others are queued or in flight.
+    let cdi = env.node(node).dirs.cdi.clone();
+    let deadline = std::time::Instant::now() + e2e::env::WAIT;
+    while std::fs::read_dir(&cdi)?.count() == 0 {
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "no claim was ever prepared"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+    env.node_mut(node).plugin.kill9().await?;
+    let at_kill = std::fs::read_dir(&cdi)?.count();
+    println!("killed the plugin with {at_kill} of 10 claims prepared");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    env.node_mut(node).plugin.restart()?;
+
+    let mut devices = Vec::new();
+    for p in &pods {
+        env.wait_running(p).await?;
+        let c = env.pod_claim(p, "mig").await?;
+        let r = e2e::env::allocation_results(&c);
+        ensure!(r.len() == 1, "{p}: {} results", r.len());
+        devices.push(r[0].device.clone());
+    }
+    let instances: Vec<String> = mig_state(&mock)?
+        .into_iter()
+        .filter(|l| l.starts_with("gi "))
+        .collect();
+    ensure!(
+        instances.len() == pods.len(),
+        "{} GPU instances for {} claims after the crash: {instances:?}",
+        instances.len(),
+        pods.len()
+    );
+    let mut unique = devices.clone();
+    unique.sort();
+    unique.dedup();
+    ensure!(
+        unique.len() == devices.len(),
+        "a placement was handed out twice: {devices:?}"
+    );
+
+    for p in &pods {
+        env.delete_pod(p).await?;
+    }
+    for p in &pods {
+        env.wait_pod_gone(p).await?;
+    }
+    let left: Vec<String> = mig_state(&mock)?
+        .into_iter()
+        .filter(|l| l.starts_with("gi "))
+        .collect();
+    ensure!(
+        left.is_empty(),
+        "instances left after every pod is gone: {left:?}"
+    );
+    env.check_violations()?;
+    env.teardown().await
+}
