@@ -181,6 +181,11 @@ impl Checkpoint {
             .cloned()
     }
 
+    /// Reads the records in place, without the copy [`Checkpoint::claims`] makes (hot paths).
+    pub fn with_claims<R>(&self, f: impl FnOnce(&BTreeMap<String, ClaimRecord>) -> R) -> R {
+        f(&self.state.lock().expect("checkpoint lock").data.claims)
+    }
+
     pub fn claims(&self) -> BTreeMap<String, ClaimRecord> {
         self.state
             .lock()

@@ -29,12 +29,13 @@ pub trait Preparer: Send + Sync + 'static {
     fn checkpoint(&self) -> &checkpoint::Checkpoint;
     /// Devices of completed claims, for the `prepared devices` gauge.
     fn prepared_device_count(&self) -> usize {
-        self.checkpoint()
-            .claims()
-            .values()
-            .filter(|r| r.state == checkpoint::ClaimState::PrepareCompleted)
-            .map(|r| r.devices.len())
-            .sum()
+        self.checkpoint().with_claims(|claims| {
+            claims
+                .values()
+                .filter(|r| r.state == checkpoint::ClaimState::PrepareCompleted)
+                .map(|r| r.devices.len())
+                .sum()
+        })
     }
 }
 

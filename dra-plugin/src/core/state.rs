@@ -592,7 +592,15 @@ impl DeviceState {
     /// A device belongs to one claim at a time, except for admin access and consumable shares;
     /// claims sharing a device (each with its own share ID) must have equal normalized configs.
     fn check_not_in_use(&self, claim: &ClaimRef, planned: &[Planned]) -> Result<(), Error> {
-        let others = self.checkpoint.claims();
+        self.checkpoint
+            .with_claims(|others| Self::check_against(others, claim, planned))
+    }
+
+    fn check_against(
+        others: &std::collections::BTreeMap<String, ClaimRecord>,
+        claim: &ClaimRef,
+        planned: &[Planned],
+    ) -> Result<(), Error> {
         for p in planned.iter().filter(|p| !p.alloc.admin_access) {
             for (uid, r) in others.iter().filter(|(uid, _)| **uid != claim.uid) {
                 let Some(held) = r.devices.iter().find(|d| d.device_name == p.alloc.device) else {
