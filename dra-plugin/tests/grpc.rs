@@ -1,10 +1,11 @@
 //! The plugin over its real Unix sockets, with a client built from our own protos: registration,
 //! prepare/unprepare on v1 and v1beta1, per-claim errors, concurrency, restarts and a corrupt
 //! checkpoint. Claims come from files (offline mode), so no API server is needed here.
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dra_plugin::cli::{Backend, DeviceArgs, RunArgs};
 use dra_plugin::grpc::client::{get_info, unix_channel};
 use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
 use kubelet_proto::dra_v1beta1::{
@@ -19,30 +20,6 @@ struct Plugin {
     task: tokio::task::JoinHandle<anyhow::Result<()>>,
 }
 
-fn args(dir: &Path, gates: &str, layout: Option<&str>) -> RunArgs {
-    RunArgs {
-        device: DeviceArgs {
-            node_name: "node-1".into(),
-            driver_name: "gpu.nvidia.com".into(),
-            feature_gates: gates.into(),
-            backend: Backend::Simulated,
-            profiles: vec!["h100-80gb:8".into()],
-            hardware_file: None,
-            mig_layout: layout.map(str::to_string),
-            driver_root: None,
-        },
-        kubeconfig: None,
-        registrar_dir: dir.join("registry"),
-        plugin_dir: dir.join("plugin"),
-        cdi_root: dir.join("cdi"),
-        metrics_port: 0,
-        healthcheck_port: 0,
-        offline_claims_dir: Some(dir.join("claims")),
-        boot_id_file: dir.join("boot_id"),
-        health_hold_down_seconds: 1,
-    }
-}
-
 async fn start(dir: &Path) -> Plugin {
     start_with(dir, "", None).await
 }
@@ -53,7 +30,10 @@ async fn start_with(dir: &Path, gates: &str, layout: Option<&str>) -> Plugin {
         std::fs::write(dir.join("boot_id"), "boot-a\n").unwrap();
     }
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(dra_plugin::run::run_until(args(dir, gates, layout), rx));
+    let task = tokio::spawn(dra_plugin::run::run_until(
+        common::offline_args(dir, "h100-80gb:8", gates, layout),
+        rx,
+    ));
     let reg = dir.join("registry/gpu.nvidia.com-reg.sock");
     for _ in 0..200 {
         if get_info(&reg).await.is_ok() {

@@ -1,8 +1,8 @@
 //! The kubelet health stream over the real DRA socket, driven by injected simulated faults.
-use std::path::Path;
+mod common;
+
 use std::time::Duration;
 
-use dra_plugin::cli::{Backend, DeviceArgs, RunArgs};
 use dra_plugin::grpc::client::{get_info, unix_channel};
 use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
 use kubelet_proto::health_v1::{self as h1, dra_resource_health_client::DraResourceHealthClient};
@@ -10,30 +10,6 @@ use kubelet_proto::health_v1alpha1::{
     self as h1a, dra_resource_health_client::DraResourceHealthClient as AlphaClient,
 };
 use tokio::sync::watch;
-
-fn args(dir: &Path) -> RunArgs {
-    RunArgs {
-        device: DeviceArgs {
-            node_name: "node-1".into(),
-            driver_name: "gpu.nvidia.com".into(),
-            feature_gates: "NVMLDeviceHealthCheck=true".into(),
-            backend: Backend::Simulated,
-            profiles: vec!["h100-80gb:4".into()],
-            hardware_file: None,
-            mig_layout: None,
-            driver_root: None,
-        },
-        kubeconfig: None,
-        registrar_dir: dir.join("registry"),
-        plugin_dir: dir.join("plugin"),
-        cdi_root: dir.join("cdi"),
-        metrics_port: 0,
-        healthcheck_port: 0,
-        offline_claims_dir: Some(dir.join("claims")),
-        boot_id_file: dir.join("boot_id"),
-        health_hold_down_seconds: 1,
-    }
-}
 
 async fn next<T>(s: &mut tonic::Streaming<T>) -> T {
     tokio::time::timeout(Duration::from_secs(15), s.message())
@@ -56,7 +32,10 @@ async fn prepared_devices_turn_unhealthy_and_recover() {
     });
     std::fs::write(dir.join("claims/ns_c.json"), claim.to_string()).unwrap();
     let (stop, rx) = watch::channel(false);
-    let task = tokio::spawn(dra_plugin::run::run_until(args(dir), rx));
+    let task = tokio::spawn(dra_plugin::run::run_until(
+        common::offline_args(dir, "h100-80gb:4", "NVMLDeviceHealthCheck=true", None),
+        rx,
+    ));
     let reg = dir.join("registry/gpu.nvidia.com-reg.sock");
     let mut info = None;
     for _ in 0..200 {
