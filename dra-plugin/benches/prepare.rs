@@ -1,8 +1,11 @@
 //! Prepare/unprepare latency over the real DRA socket, and the plugin's peak memory.
 //!
 //! Starts `dra-plugin run` (simulated backend, offline claims, real fsync'd checkpoint and CDI
-//! writes) as a child process, drives N concurrent claims through R prepare/unprepare rounds each,
-//! and prints p50/p99 per call and the child's peak RSS (VmHWM). Figures, not assertions.
+//! writes) as a child process, drives N concurrent claims through R prepare/unprepare rounds each
+//! over one shared connection (as the kubelet keeps one per plugin), and prints p50/p99 per call,
+//! CPU per pair (plugin and load generator, which share this machine's cores) and the child's peak
+//! RSS (VmHWM). Figures, not assertions. BENCH_ROUNDS=R, BENCH_ONLY=<label text>, BENCH_DIST=1
+//! (percentiles), DRA_PLUGIN_BIN=<another build, e.g. with frame pointers for profiling>.
 //! CDI specs go to tmpfs when `/dev/shm` exists (as `/var/run/cdi` on a node), the fsync'd
 //! checkpoint to the disk the temp dir is on.
 use std::path::{Path, PathBuf};
@@ -33,6 +36,19 @@ fn peak_rss_kib(pid: u32) -> u64 {
         .unwrap_or(0)
 }
 
+/// User + system CPU the process has used so far (from /proc, in clock ticks of 10 ms).
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    let ticks = f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0);
+    Duration::from_millis(ticks * 10)
+}
+
 fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
     let name = format!("bench-{i}");
     let uid = format!("00000000-0000-0000-0000-{i:012}");
@@ -51,6 +67,12 @@ fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
 }
 
 async fn bench(run: Run, rounds: usize) {
+    // BENCH_ONLY=<text> runs the cases whose label contains it (profiling one case).
+    if let Ok(only) = std::env::var("BENCH_ONLY")
+        && !run.label.contains(&only)
+    {
+        return;
+    }
     let tmp = tempfile::tempdir().unwrap();
     // On nodes /var/run/cdi lives on tmpfs (/run); the checkpoint lives on the kubelet's disk.
     // Mirror that when this machine has a tmpfs, so the figures are a node's.
@@ -70,7 +92,10 @@ async fn bench(run: Run, rounds: usize) {
         .map(|(i, d)| write_claim(&claims_dir, i, d))
         .collect();
 
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"));
+    // DRA_PLUGIN_BIN: another build of the plugin (e.g. with frame pointers, for profiling).
+    let bin = std::env::var("DRA_PLUGIN_BIN")
+        .unwrap_or_else(|_| env!("CARGO_BIN_EXE_dra-plugin").to_string());
+    let mut cmd = std::process::Command::new(bin);
     cmd.args([
         "run",
         "--backend",
@@ -117,12 +142,15 @@ async fn bench(run: Run, rounds: usize) {
     }
     let sock = dir.join("plugin/dra.sock");
     let wall = Instant::now();
+    let cpu_before = cpu_time(child.id());
+    let own_before = cpu_time(std::process::id());
+    let channel = unix_channel(&sock).await.unwrap();
     let tasks: Vec<_> = claims
         .into_iter()
         .map(|c| {
-            let sock = sock.clone();
+            let channel = channel.clone();
             tokio::spawn(async move {
-                let mut client = DraPluginClient::new(unix_channel(&sock).await.unwrap());
+                let mut client = DraPluginClient::new(channel);
                 let (mut prep, mut unprep) = (Vec::new(), Vec::new());
                 for _ in 0..rounds {
                     let t = Instant::now();
@@ -157,8 +185,20 @@ async fn bench(run: Run, rounds: usize) {
         unprep.extend(u);
     }
     let wall = wall.elapsed();
+    let plugin_cpu = cpu_time(child.id()) - cpu_before;
+    let client_cpu = cpu_time(std::process::id()) - own_before;
     prep.sort();
     unprep.sort();
+    if std::env::var("BENCH_DIST").is_ok() {
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        for p in [0.5, 0.75, 0.9, 0.95, 0.98, 0.99, 0.995, 0.999, 1.0] {
+            eprintln!(
+                "  prepare p{:<5} {:.2} ms",
+                p * 100.0,
+                ms(percentile(&prep, p))
+            );
+        }
+    }
     let rss = peak_rss_kib(child.id());
     let _ = std::process::Command::new("kill")
         .arg("-TERM")
@@ -167,7 +207,7 @@ async fn bench(run: Run, rounds: usize) {
     let _ = child.wait();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "{:<44} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  peak RSS={:.1} MiB",
+        "{:<44} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  CPU/pair plugin={:.0}us client={:.0}us  peak RSS={:.1} MiB",
         run.label,
         run.devices.len(),
         prep.len(),
@@ -176,6 +216,8 @@ async fn bench(run: Run, rounds: usize) {
         ms(percentile(&unprep, 0.5)),
         ms(percentile(&unprep, 0.99)),
         prep.len() as f64 / wall.as_secs_f64(),
+        plugin_cpu.as_secs_f64() * 1e6 / prep.len() as f64,
+        client_cpu.as_secs_f64() * 1e6 / prep.len() as f64,
         rss as f64 / 1024.0
     );
 }

@@ -173,11 +173,14 @@ impl CdiStore {
     }
 
     pub fn write(&self, claim_uid: &str, spec: &Spec) -> Result<(), Error> {
-        std::fs::create_dir_all(&self.root)
-            .map_err(|e| Error::io("creating the CDI root", &self.root, e))?;
         let path = self.spec_path(claim_uid);
-        let data = serde_json::to_vec(spec).expect("CDI spec serializes");
-        write_atomic(&path, &data).map_err(|e| Error::io("writing the CDI spec", &path, e))
+        write_atomic(&path, &Self::encode(spec))
+            .map_err(|e| Error::io("writing the CDI spec", &path, e))
+    }
+
+    /// The bytes [`CdiStore::write`] puts in a spec file.
+    pub fn encode(spec: &Spec) -> Vec<u8> {
+        serde_json::to_vec(spec).expect("CDI spec serializes")
     }
 
     pub fn remove(&self, claim_uid: &str) -> Result<(), Error> {

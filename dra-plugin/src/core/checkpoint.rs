@@ -3,10 +3,12 @@
 //! File layout: `{"version": 1, "checksum": "<sha256 of data>", "data": {...}}`. The checksum
 //! covers the bytes of `data` exactly as written, so fields added by a newer version never make
 //! the file look corrupt to an older one (the failure NVIDIA's driver hit on upgrades). Writes are
-//! group-committed: concurrent updates share one fsync'd write.
-use std::collections::BTreeMap;
+//! group-committed: concurrent updates share one fsync'd write, and files that belong with an
+//! update (a claim's CDI spec) ride along in the same blocking call, written just before it.
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -110,16 +112,34 @@ pub fn encode(data: &CheckpointData) -> Vec<u8> {
     .into_bytes()
 }
 
+/// A file written with the next group commit, before the checkpoint itself.
+struct SideFile {
+    generation: u64,
+    path: PathBuf,
+    bytes: Vec<u8>,
+}
+
 struct Pending {
     data: CheckpointData,
     generation: u64,
+    files: Vec<SideFile>,
+    /// Side files that could not be written, by the generation that queued them.
+    failed: HashMap<u64, (PathBuf, std::io::Error)>,
 }
 
 pub struct Checkpoint {
     path: PathBuf,
+    shared: Arc<Shared>,
+}
+
+/// What a flush, which runs to its end on the blocking pool even when its caller goes away,
+/// needs to reach.
+struct Shared {
     state: Mutex<Pending>,
+    /// The newest generation on disk; every finished flush notifies, failed ones too.
     flushed: watch::Sender<u64>,
-    writer: tokio::sync::Mutex<()>,
+    /// One flush at a time; the others wait for it and go again only if it did not carry them.
+    flushing: AtomicBool,
 }
 
 impl Checkpoint {
@@ -157,12 +177,16 @@ impl Checkpoint {
         let (flushed, _) = watch::channel(0);
         let cp = Checkpoint {
             path: path.to_path_buf(),
-            state: Mutex::new(Pending {
-                data,
-                generation: 0,
+            shared: Arc::new(Shared {
+                state: Mutex::new(Pending {
+                    data,
+                    generation: 0,
+                    files: Vec::new(),
+                    failed: HashMap::new(),
+                }),
+                flushed,
+                flushing: AtomicBool::new(false),
             }),
-            flushed,
-            writer: tokio::sync::Mutex::new(()),
         };
         Ok((cp, outcome))
     }
@@ -172,7 +196,8 @@ impl Checkpoint {
     }
 
     pub fn get(&self, uid: &str) -> Option<ClaimRecord> {
-        self.state
+        self.shared
+            .state
             .lock()
             .expect("checkpoint lock")
             .data
@@ -183,11 +208,18 @@ impl Checkpoint {
 
     /// Reads the records in place, without the copy [`Checkpoint::claims`] makes (hot paths).
     pub fn with_claims<R>(&self, f: impl FnOnce(&BTreeMap<String, ClaimRecord>) -> R) -> R {
-        f(&self.state.lock().expect("checkpoint lock").data.claims)
+        f(&self
+            .shared
+            .state
+            .lock()
+            .expect("checkpoint lock")
+            .data
+            .claims)
     }
 
     pub fn claims(&self) -> BTreeMap<String, ClaimRecord> {
-        self.state
+        self.shared
+            .state
             .lock()
             .expect("checkpoint lock")
             .data
@@ -201,7 +233,7 @@ impl Checkpoint {
         f: impl FnOnce(&mut BTreeMap<String, ClaimRecord>) -> R,
     ) -> Result<R, Error> {
         let (result, generation) = {
-            let mut s = self.state.lock().expect("checkpoint lock");
+            let mut s = self.shared.state.lock().expect("checkpoint lock");
             let r = f(&mut s.data.claims);
             s.generation += 1;
             (r, s.generation)
@@ -210,32 +242,100 @@ impl Checkpoint {
         Ok(result)
     }
 
-    async fn flush_until(&self, generation: u64) -> Result<(), Error> {
-        loop {
-            if *self.flushed.borrow() >= generation {
-                return Ok(());
-            }
-            let _writer = self.writer.lock().await;
-            if *self.flushed.borrow() >= generation {
-                return Ok(());
-            }
-            let (bytes, snapshot) = {
-                let s = self.state.lock().expect("checkpoint lock");
-                (encode(&s.data), s.generation)
-            };
-            let path = self.path.clone();
-            tokio::task::spawn_blocking(move || write_atomic(&path, &bytes))
-                .await
-                .map_err(|e| {
-                    Error::io(
-                        "writing the checkpoint",
-                        &self.path,
-                        std::io::Error::other(e),
-                    )
-                })?
-                .map_err(|e| Error::io("writing the checkpoint", &self.path, e))?;
-            self.flushed.send_replace(snapshot);
+    /// Like [`Checkpoint::update`], and writes `bytes` atomically to `path` (creating its
+    /// directory) in the same group commit, before the checkpoint. Saves the blocking-pool
+    /// handoff per file that dominates a busy node's prepare calls. An error names the file that
+    /// failed; the change to the records is applied either way, as with a failed checkpoint write.
+    pub async fn update_with_file<R>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, ClaimRecord>) -> R,
+        what: &'static str,
+        path: PathBuf,
+        bytes: Vec<u8>,
+    ) -> Result<R, Error> {
+        let (result, generation) = {
+            let mut s = self.shared.state.lock().expect("checkpoint lock");
+            let r = f(&mut s.data.claims);
+            s.generation += 1;
+            let generation = s.generation;
+            s.files.push(SideFile {
+                generation,
+                path,
+                bytes,
+            });
+            (r, generation)
+        };
+        let flushed = self.flush_until(generation).await;
+        let failed = self
+            .shared
+            .state
+            .lock()
+            .expect("checkpoint lock")
+            .failed
+            .remove(&generation);
+        if let Some((path, e)) = failed {
+            return Err(Error::io(what, &path, e));
         }
+        flushed.map(|()| result)
+    }
+
+    async fn flush_until(&self, generation: u64) -> Result<(), Error> {
+        let mut flushes = self.shared.flushed.subscribe();
+        loop {
+            if *flushes.borrow_and_update() >= generation {
+                return Ok(());
+            }
+            if self
+                .shared
+                .flushing
+                .compare_exchange(false, true, Ordering::Acquire, Ordering::Relaxed)
+                .is_err()
+            {
+                // The running flush may carry this change; if not, go again after it.
+                let _ = flushes.changed().await;
+                continue;
+            }
+            let (shared, path) = (self.shared.clone(), self.path.clone());
+            tokio::task::spawn_blocking(move || shared.flush(&path))
+                .await
+                .map_err(std::io::Error::other)
+                .and_then(|written| written)
+                .map_err(|e| Error::io("writing the checkpoint", &self.path, e))?;
+        }
+    }
+}
+
+impl Shared {
+    /// Writes the queued side files, then the checkpoint as it is now. Blocking.
+    fn flush(&self, path: &Path) -> std::io::Result<()> {
+        let (bytes, snapshot, files) = {
+            let mut s = self.state.lock().expect("checkpoint lock");
+            let files = std::mem::take(&mut s.files);
+            (encode(&s.data), s.generation, files)
+        };
+        let failed: Vec<_> = files
+            .into_iter()
+            .filter_map(|f| {
+                write_atomic(&f.path, &f.bytes)
+                    .err()
+                    .map(|e| (f.generation, (f.path, e)))
+            })
+            .collect();
+        if !failed.is_empty() {
+            let mut s = self.state.lock().expect("checkpoint lock");
+            s.failed.extend(failed);
+        }
+        let written = write_atomic(path, &bytes);
+        if written.is_ok() {
+            self.flushed.send_if_modified(|v| {
+                *v = snapshot;
+                false
+            });
+        }
+        // Release before waking the waiters, so whichever of them still needs a flush can start it.
+        self.flushing.store(false, Ordering::Release);
+        self.flushed.send_modify(|_| {});
+        written
     }
 }
 

@@ -4,7 +4,8 @@ use std::io::Write;
 use std::path::Path;
 
 /// Writes `data` to `path` via a temp file in the same directory, fsyncs it and renames it over
-/// the target: readers see the old file or the new one, never a torn one.
+/// the target: readers see the old file or the new one, never a torn one. A missing directory
+/// is created (someone may have wiped `/var/run/cdi`).
 ///
 /// The directory is not fsynced: losing the rename itself takes a power loss or kernel crash, that
 /// is a reboot, after which the plugin discards prepared state anyway (boot ID), while a journal
@@ -17,7 +18,13 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
         .unwrap_or_default();
     let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
     {
-        let mut f = File::create(&tmp)?;
+        let mut f = match File::create(&tmp) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                fs::create_dir_all(dir)?;
+                File::create(&tmp)?
+            }
+            other => other?,
+        };
         f.write_all(data)?;
         f.sync_all()?;
     }

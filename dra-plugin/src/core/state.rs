@@ -23,6 +23,10 @@ use sharing::mps::{MpsDaemon, pinned_limits};
 use sharing::runner::{DaemonHandle, MpsControlRunner, ProcessRunner, StandInRunner};
 use sharing::{GpuSharingState, SharingStateFile, time_slice_conflict};
 
+/// MIG creates and destroys on the blocking pool at once: enough to keep the (serialized) hardware
+/// busy, few enough that a burst of claims does not grow a thread each.
+const MIG_OPS_IN_FLIGHT: usize = 2;
+
 /// Hardware changes a claim made, recorded before they are made so a crash can undo them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -121,6 +125,9 @@ pub struct DeviceState {
     /// Serializes claims that share GPUs (time slices, MPS, consumable shares) from their checks
     /// to their records, so two claims cannot both pass a check the other would fail.
     sharing_lock: tokio::sync::Mutex<()>,
+    /// Bounds the MIG creates and destroys in flight on the blocking pool: the hardware does them
+    /// one at a time anyway, and a burst would otherwise park a thread per claim (memory).
+    mig_ops: tokio::sync::Semaphore,
     runner: Arc<dyn ProcessRunner>,
     /// `<plugin dir>/mps`: per-claim MPS directories.
     mps_root: PathBuf,
@@ -162,6 +169,7 @@ impl DeviceState {
             gates,
             claim_locks: Mutex::new(HashMap::new()),
             sharing_lock: tokio::sync::Mutex::new(()),
+            mig_ops: tokio::sync::Semaphore::new(MIG_OPS_IN_FLIGHT),
             runner,
             mps_root: plugin_dir.join("mps"),
             plugin_dir,
@@ -301,17 +309,16 @@ impl DeviceState {
             // What was really done (daemon handles, MIG UUIDs), plus the shared devices' configs.
             record.hardware = to_json(&created);
             record.hardware.extend(to_json(&shared));
-            let cdi = self.cdi.clone();
-            let uid = claim.uid.clone();
-            // The spec and the completed record go to disk together; a crash between the two
-            // is repaired at startup (`repair_cdi`).
-            let (written, recorded) = tokio::join!(
-                tokio::task::spawn_blocking(move || cdi.write(&uid, &spec)),
-                self.checkpoint
-                    .update(|c| c.insert(claim.uid.clone(), record)),
-            );
-            written.map_err(|e| Error::Device(format!("CDI write task: {e}")))??;
-            recorded
+            // The spec and the completed record go to disk in one group commit, the spec
+            // first; a crash between the two is repaired at startup (`repair_cdi`).
+            self.checkpoint
+                .update_with_file(
+                    |c| c.insert(claim.uid.clone(), record),
+                    "writing the CDI spec",
+                    self.cdi.spec_path(&claim.uid),
+                    CdiStore::encode(&spec),
+                )
+                .await
         }
         .await;
         match result {
@@ -366,15 +373,20 @@ impl DeviceState {
             true => Some(self.sharing_lock.lock().await),
             false => None,
         };
-        let owned_elsewhere: Vec<HardwareChange> = self
-            .checkpoint
-            .claims()
+        if changes
             .iter()
-            .filter(|(other, _)| other.as_str() != uid)
-            .flat_map(|(_, r)| known_changes(r).collect::<Vec<_>>())
-            .filter(|c| matches!(c, HardwareChange::DynamicMig { .. }))
-            .collect();
-        changes.retain(|c| !owned_elsewhere.contains(c));
+            .any(|c| matches!(c, HardwareChange::DynamicMig { .. }))
+        {
+            let owned_elsewhere: Vec<HardwareChange> = self.checkpoint.with_claims(|claims| {
+                claims
+                    .iter()
+                    .filter(|(other, _)| other.as_str() != uid)
+                    .flat_map(|(_, r)| known_changes(r))
+                    .filter(|c| matches!(c, HardwareChange::DynamicMig { .. }))
+                    .collect()
+            });
+            changes.retain(|c| !owned_elsewhere.contains(c));
+        }
         self.undo(uid, &changes).await?;
         // A claim adopted from its CDI spec after a lost checkpoint has no MPS record, but may
         // still have a daemon and directories.
@@ -408,6 +420,7 @@ impl DeviceState {
                     let (parent_minor, gi_profile_id, placement_start) =
                         (*parent_minor, *gi_profile_id, *placement_start);
                     let backend = self.backend.clone();
+                    let _slot = self.mig_ops.acquire().await.expect("never closed");
                     tokio::task::spawn_blocking(move || {
                         backend.destroy_mig(parent_minor, gi_profile_id, placement_start)
                     })
@@ -416,16 +429,16 @@ impl DeviceState {
                 }
                 HardwareChange::TimeSlice { gpu_minor, .. } => {
                     let minor = *gpu_minor;
-                    let still_used = self
-                        .checkpoint
-                        .claims()
-                        .iter()
-                        .filter(|(other, _)| other.as_str() != uid)
-                        .any(|(_, r)| {
-                            known_changes(r).any(|c| {
-                                matches!(c, HardwareChange::TimeSlice { gpu_minor, .. } if gpu_minor == minor)
+                    let still_used = self.checkpoint.with_claims(|claims| {
+                        claims
+                            .iter()
+                            .filter(|(other, _)| other.as_str() != uid)
+                            .any(|(_, r)| {
+                                known_changes(r).any(|c| {
+                                    matches!(c, HardwareChange::TimeSlice { gpu_minor, .. } if gpu_minor == minor)
+                                })
                             })
-                        });
+                    });
                     if still_used {
                         continue;
                     }
@@ -711,10 +724,12 @@ impl DeviceState {
                 Target::DynamicMig(gpu, profile, start) => {
                     let backend = self.backend.clone();
                     let (minor, gi, start) = (gpu.minor, profile.gi_profile_id, *start);
-                    let mig =
+                    let mig = {
+                        let _slot = self.mig_ops.acquire().await.expect("never closed");
                         tokio::task::spawn_blocking(move || backend.create_mig(minor, gi, start))
                             .await
-                            .map_err(|e| Error::Device(format!("MIG create task: {e}")))??;
+                            .map_err(|e| Error::Device(format!("MIG create task: {e}")))??
+                    };
                     created.push(HardwareChange::DynamicMig {
                         parent_minor: minor,
                         gi_profile_id: gi,

@@ -138,3 +138,98 @@ async fn concurrent_updates_all_reach_disk() {
         64
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn side_files_ride_the_group_commit_and_fail_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    let cp = std::sync::Arc::new(cp);
+    // A regular file where a directory should be: writes under it cannot succeed.
+    let blocker = dir.path().join("not-a-dir");
+    std::fs::write(&blocker, "x").unwrap();
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let cp = cp.clone();
+            // The CDI root does not exist yet: the first write creates it.
+            let file = match i % 8 {
+                7 => blocker.join(format!("spec-{i}.json")),
+                _ => dir.path().join("cdi").join(format!("spec-{i}.json")),
+            };
+            tokio::spawn(async move {
+                let r = cp
+                    .update_with_file(
+                        |c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)),
+                        "writing the CDI spec",
+                        file.clone(),
+                        format!("{{\"claim\":{i}}}").into_bytes(),
+                    )
+                    .await;
+                (i, file, r)
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (i, file, r) = t.await.unwrap();
+        if i % 8 == 7 {
+            let e = r
+                .expect_err("a file under a regular file cannot be written")
+                .to_string();
+            assert!(
+                e.contains("writing the CDI spec") && e.contains(&format!("spec-{i}.json")),
+                "the error names what and which file: {e}"
+            );
+        } else {
+            r.unwrap();
+            assert_eq!(
+                std::fs::read_to_string(&file).unwrap(),
+                format!("{{\"claim\":{i}}}")
+            );
+        }
+    }
+    // The records went to disk either way: the caller rolls back a claim whose file failed.
+    assert_eq!(
+        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        32
+    );
+    assert!(
+        std::fs::read_dir(dir.path().join("cdi"))
+            .unwrap()
+            .all(|e| !e.unwrap().file_name().to_string_lossy().contains(".tmp-")),
+        "no temp files left behind"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_gone_mid_flush_does_not_stall_the_others() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    let cp = std::sync::Arc::new(cp);
+    for round in 0..20 {
+        let first = tokio::spawn({
+            let cp = cp.clone();
+            async move {
+                cp.update(|c| c.insert(format!("a{round}"), record(ClaimState::PrepareCompleted)))
+                    .await
+            }
+        });
+        // Drop the first caller while its flush runs (a kubelet call cancelled mid-prepare).
+        for _ in 0..10_000 {
+            if cp.shared.flushing.load(Ordering::Acquire) {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        first.abort();
+        tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            cp.update(|c| c.insert(format!("b{round}"), record(ClaimState::PrepareCompleted))),
+        )
+        .await
+        .expect("the next update does not wait for a flush nobody finishes")
+        .unwrap();
+    }
+    let on_disk = decode(&std::fs::read(&path).unwrap()).unwrap().claims;
+    assert!((0..20).all(|r| on_disk.contains_key(&format!("b{r}"))));
+}
