@@ -551,6 +551,44 @@ fn partitionable_devices() {
         vec![claim("c", vec![req("r", "gpu", 1)])],
         Want::Error("invalid resource pools"),
     ));
+    // a counter its set does not have, on the last device, behind many counters that exist
+    // (long lists of counter names take another path than short ones)
+    for known in [1usize, 40] {
+        let names: Vec<String> = (0..known).map(|i| format!("c{i:02}")).collect();
+        let set: serde_json::Map<String, J> = names
+            .iter()
+            .map(|n| (n.clone(), json!({"value": "1"})))
+            .collect();
+        let mut counters = counters.clone();
+        counters["spec"]["sharedCounters"][0]["counters"] = J::Object(set.clone());
+        let devices_with = |extra: Option<&str>| {
+            let devices: Vec<J> = (0..3)
+                .map(|d| {
+                    let mut use_ = set.clone();
+                    if let (2, Some(x)) = (d, extra) {
+                        use_.insert(x.to_string(), json!({"value": "1"}));
+                    }
+                    json!({"name": format!("dev-{d}"),
+                        "consumesCounters": [{"counterSet": "gpu-0-cs", "counters": use_}]})
+                })
+                .collect();
+            json!({"metadata": {"name": "slice-1"}, "spec": {"driver": DRV, "nodeName": NODE,
+                "pool": {"name": "pool-1", "generation": 1, "resourceSliceCount": 2},
+                "devices": devices}})
+        };
+        check(&case(
+            "partitionable-devices-known-counters",
+            vec![counters.clone(), devices_with(None)],
+            vec![claim("c", vec![req("r", "empty", 1)])],
+            Want::Ok(vec![vec![("r", "dev-0")]]),
+        ));
+        check(&case(
+            "partitionable-devices-unknown-counter",
+            vec![counters.clone(), devices_with(Some("zz-unknown"))],
+            vec![claim("c", vec![req("r", "empty", 1)])],
+            Want::Error("invalid resource pools"),
+        ));
+    }
 }
 
 #[test]

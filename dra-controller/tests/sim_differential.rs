@@ -692,14 +692,22 @@ fn rust_eval(e: &J) -> (String, String) {
         Ok(p) => p,
         Err(m) => return ("compile_error".into(), m),
     };
-    let dev = cel::device_value(
-        DRV,
-        Some(&attrs),
-        Some(&caps),
-        d["AllowMultipleAllocations"].as_bool().unwrap_or(false),
-    )
-    .expect("device");
-    match prog.eval(&dev) {
+    let multi = d["AllowMultipleAllocations"].as_bool().unwrap_or(false);
+    let dev = cel::device_value(DRV, Some(&attrs), Some(&caps), multi).expect("device");
+    let whole = prog.eval(&dev);
+    // The allocator's way: the fused program reading the slice data in place.
+    let raw = cel::RawDevice {
+        driver: DRV,
+        attributes: Some(&attrs),
+        capacity: Some(&caps),
+        allow_multiple_allocations: multi,
+    };
+    let in_place = cel::device_check(&raw).and_then(|()| prog.eval_raw(raw));
+    assert_eq!(
+        whole, in_place,
+        "{expr}: whole device value vs slice data in place"
+    );
+    match whole {
         Ok(b) => (b.to_string(), String::new()),
         Err(m) => ("error".into(), m),
     }

@@ -1,17 +1,19 @@
 //! Simulator benchmarks, each side by side with the Go oracle (e2e/oracle, upstream
 //! k8s.io/dynamic-resource-allocation v0.37.2) in one run, printing the ratio:
-//! 1. CEL evaluations per second on a fixed selector set over simulated H100 devices;
+//! 1. CEL evaluations per second on a fixed selector set over simulated H100 devices, each
+//!    evaluation reading the ResourceSlice device in place and checking it converts (cel-go
+//!    converts the device on every evaluation too);
 //! 2. one pod's allocation (the inference-gpu claim) over N nodes × 8 H100 GPUs with dynamic MIG
 //!    counters (default N = 5000), a fresh allocator per pod like one scheduling cycle. Two Rust
-//!    figures: "cold" (every per-device value built anew for each pod, nothing carried over) and
-//!    "warm" (a `DeviceCache` of CEL device values, class-selector outcomes and per-slice data
-//!    kept between pods, as a scheduler keeps its slice cache). The Go side reads the same
+//!    figures: "cold" (every per-device and per-slice result computed anew for each pod, nothing
+//!    carried over) and "warm" (a `DeviceCache` of device checks, class-selector outcomes and
+//!    per-slice data kept between pods, as a scheduler keeps its slice cache). The Go side reads the same
 //!    objects from one streamed file (a JSON tree in memory would not fit at 5,000 nodes); it
 //!    needs about 7 GiB at 5,000 nodes, the Rust side about 12 GiB.
 //!
-//! Usage: sim-bench [--nodes N] [--oracle PATH] [--warm-only]   (builds the oracle with
+//! Usage: sim-bench [--nodes N] [--oracle PATH] [--warm-only|--cold-only]   (builds the oracle with
 //! e2e/oracle/build.sh when --oracle is not given; set SIM_BENCH_NO_GO=1 to run the Rust side
-//! only; --warm-only runs just the warm loop, for profiling)
+//! only; --warm-only / --cold-only run just that loop, for profiling)
 use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode};
 use dra_controller::sim::{cel, cli, input};
 use serde_json::json;
@@ -74,17 +76,23 @@ fn main() -> anyhow::Result<()> {
     let mut nodes = 5000usize;
     let mut oracle_arg = None;
     let mut warm_only = false;
+    let mut cold_only = false;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--nodes" => nodes = args.next().expect("--nodes N").parse()?,
             "--oracle" => oracle_arg = args.next(),
-            // profiling aid: only the warm allocation loop, no Go
+            // profiling aids: only the warm (or cold) allocation loop, no Go
             "--warm-only" => warm_only = true,
+            "--cold-only" => cold_only = true,
             other => anyhow::bail!("unknown argument {other}"),
         }
     }
-    let go = if warm_only { None } else { oracle(oracle_arg) };
+    let go = if warm_only || cold_only {
+        None
+    } else {
+        oracle(oracle_arg)
+    };
 
     // 1. CEL
     let slices =
@@ -102,23 +110,25 @@ fn main() -> anyhow::Result<()> {
     let mut evals = Vec::new();
     let mut pairs = Vec::new();
     for (s, d) in &devices {
-        let v = cel::device_value(
-            &s.spec.driver,
-            d.attributes.as_ref(),
-            d.capacity.as_ref(),
-            false,
-        )
-        .map_err(|e| anyhow::anyhow!(e))?;
+        // Read in place, as the allocator does; checked per evaluation below, as cel-go converts
+        // the device per evaluation.
+        let raw = cel::RawDevice {
+            driver: &s.spec.driver,
+            attributes: d.attributes.as_ref(),
+            capacity: d.capacity.as_ref(),
+            allow_multiple_allocations: false,
+        };
         for (i, sel) in SELECTORS.iter().enumerate() {
-            pairs.push((i, v.clone()));
+            pairs.push((i, raw));
             evals.push(json!({"expression": sel, "device": {"Driver": s.spec.driver, "Attributes": d.attributes, "Capacity": d.capacity}}));
         }
     }
     let mut n = 0u64;
     let start = Instant::now();
     while start.elapsed() < Duration::from_secs(2) {
-        for (i, v) in &pairs {
-            let _ = std::hint::black_box(progs[*i].eval(v));
+        for (i, raw) in &pairs {
+            let r = cel::device_check(raw).and_then(|()| progs[*i].eval_raw(*raw));
+            let _ = std::hint::black_box(r);
             n += 1;
         }
     }
@@ -188,6 +198,9 @@ fn main() -> anyhow::Result<()> {
         "alloc: rust {:.4} s per pod over {} nodes x 8 H100 (dynamic MIG), {} nodes fit (cold: fresh allocator and device cache per pod)",
         rust_pod, nodes, fits
     );
+    if cold_only {
+        return Ok(());
+    }
     // warm: a fresh allocator per pod over a DeviceCache kept between pods (CEL device values and
     // class-selector outcomes), as a scheduler keeps its slice cache between cycles
     let cache = std::sync::Arc::new(DeviceCache::new(&all_slices));

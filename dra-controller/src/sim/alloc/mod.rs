@@ -8,7 +8,7 @@
 pub mod explain;
 mod pools;
 
-use crate::sim::cel::{self, Cache, Value, quantity::Quantity};
+use crate::sim::cel::{self, Cache, quantity::Quantity};
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, CapacityRequirements, DeviceAllocationConfiguration, DeviceAllocationResult,
@@ -75,11 +75,12 @@ impl AllocatedState {
 
 /// Per-device data derived from a fixed set of slices and classes, shareable between allocators
 /// (one per pod, like the scheduler's per-cycle allocator) as long as the slices and classes stay
-/// the same, much as the scheduler keeps its slice informer cache between cycles: the CEL
-/// `device` value of each device (built once, on first use) and the outcome of each class's
-/// selectors on it (errors are not kept: they are raised again, with the claim's name).
+/// the same, much as the scheduler keeps its slice informer cache between cycles: whether each
+/// device converts to a CEL `device` value (checked once, on first use) and the outcome of each
+/// class's selectors on it (errors are not kept: they are raised again, with the claim's name).
+/// Per-device entries are made for a slice when the search first reaches it.
 pub struct DeviceCache {
-    devices: Vec<Vec<DeviceEntry>>,
+    devices: Vec<OnceLock<Box<[DeviceEntry]>>>,
     /// per slice: parsed shared counters (counter set -> counter -> quantity)
     counters: Vec<OnceLock<Counters>>,
     /// per slice: the first device name that occurs twice in it
@@ -94,7 +95,8 @@ type CounterRefs = Vec<(String, Vec<String>)>;
 
 #[derive(Default)]
 struct DeviceEntry {
-    value: OnceLock<Result<Value, String>>,
+    /// `cel::device_check`: the device's conversion error, if any
+    check: OnceLock<Result<(), String>>,
     /// class name -> all class selectors true
     class_ok: Mutex<Vec<(String, bool)>>,
 }
@@ -102,19 +104,20 @@ struct DeviceEntry {
 impl DeviceCache {
     pub fn new(slices: &[ResourceSlice]) -> Self {
         DeviceCache {
-            devices: slices
-                .iter()
-                .map(|s| {
-                    (0..s.spec.devices.as_ref().map_or(0, |d| d.len()))
-                        .map(|_| DeviceEntry::default())
-                        .collect()
-                })
-                .collect(),
+            devices: slices.iter().map(|_| OnceLock::new()).collect(),
             counters: slices.iter().map(|_| OnceLock::new()).collect(),
             dup_name: slices.iter().map(|_| OnceLock::new()).collect(),
             counter_refs: slices.iter().map(|_| OnceLock::new()).collect(),
             dup_across: Mutex::default(),
         }
+    }
+
+    fn entry(&self, slices: &[ResourceSlice], slice: usize, device: usize) -> &DeviceEntry {
+        &self.devices[slice].get_or_init(|| {
+            (0..slices[slice].spec.devices.as_ref().map_or(0, |d| d.len()))
+                .map(|_| DeviceEntry::default())
+                .collect()
+        })[device]
     }
 
     fn counters(&self, slices: &[ResourceSlice], i: usize) -> &Counters {
@@ -334,19 +337,29 @@ impl<'a> Allocator<'a> {
         v
     }
 
-    pub(crate) fn device_value(&self, slice_idx: usize, dev_idx: usize) -> &Result<Value, String> {
-        self.cache.devices[slice_idx][dev_idx]
-            .value
-            .get_or_init(|| {
-                let s = &self.slices[slice_idx];
-                let d = &s.spec.devices.as_ref().expect("device index")[dev_idx];
-                cel::device_value(
-                    &s.spec.driver,
-                    d.attributes.as_ref(),
-                    d.capacity.as_ref(),
-                    d.allow_multiple_allocations.unwrap_or(false),
-                )
-            })
+    /// The device as selectors read it, or the error converting it to a CEL value gives.
+    pub(crate) fn raw_device(
+        &self,
+        slice_idx: usize,
+        dev_idx: usize,
+    ) -> Result<cel::RawDevice<'a>, &String> {
+        let s = &self.slices[slice_idx];
+        let d = &s.spec.devices.as_ref().expect("device index")[dev_idx];
+        let raw = cel::RawDevice {
+            driver: &s.spec.driver,
+            attributes: d.attributes.as_ref(),
+            capacity: d.capacity.as_ref(),
+            allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
+        };
+        match self
+            .cache
+            .entry(self.slices, slice_idx, dev_idx)
+            .check
+            .get_or_init(|| cel::device_check(&raw))
+        {
+            Ok(()) => Ok(raw),
+            Err(e) => Err(e),
+        }
     }
 
     pub(crate) fn cache_counters(&self, slice_idx: usize) -> &Counters {
@@ -355,18 +368,44 @@ impl<'a> Allocator<'a> {
 
     pub(crate) fn cache_counter_refs(&self, slice_idx: usize) -> &CounterRefs {
         self.cache.counter_refs[slice_idx].get_or_init(|| {
+            // Devices of a slice mostly consume from one set and a few dozen counters: scanning
+            // short lists beats hashing every (set, counter) pair, which a cold allocation over
+            // thousands of nodes does a few thousand times per node. Long lists get a hash set.
+            enum Seen<'s> {
+                Few(Vec<&'s str>),
+                Many(FastSet<&'s str>),
+            }
+            const SCAN: usize = 32;
             let mut refs: CounterRefs = Vec::new();
-            let mut sets: FastMap<&str, usize> = FastMap::default();
-            let mut seen: FastSet<(&str, &str)> = FastSet::default();
+            let mut seen: Vec<Seen<'_>> = Vec::new();
+            let mut last = usize::MAX;
             for d in self.slices[slice_idx].spec.devices.iter().flatten() {
                 for cc in d.consumes_counters.iter().flatten() {
-                    let i = *sets.entry(cc.counter_set.as_str()).or_insert_with(|| {
-                        refs.push((cc.counter_set.clone(), Vec::new()));
-                        refs.len() - 1
-                    });
+                    let set = cc.counter_set.as_str();
+                    if refs.get(last).is_none_or(|(n, _)| n != set) {
+                        last = match refs.iter().position(|(n, _)| n == set) {
+                            Some(i) => i,
+                            None => {
+                                refs.push((set.to_string(), Vec::new()));
+                                seen.push(Seen::Few(Vec::new()));
+                                refs.len() - 1
+                            }
+                        };
+                    }
                     for n in cc.counters.keys() {
-                        if seen.insert((cc.counter_set.as_str(), n.as_str())) {
-                            refs[i].1.push(n.clone());
+                        let new = match &mut seen[last] {
+                            Seen::Many(h) => h.insert(n.as_str()),
+                            Seen::Few(v) if v.iter().any(|x| *x == n) => false,
+                            Seen::Few(v) => {
+                                v.push(n.as_str());
+                                if v.len() > SCAN {
+                                    seen[last] = Seen::Many(v.drain(..).collect());
+                                }
+                                true
+                            }
+                        };
+                        if new {
+                            refs[last].1.push(n.clone());
                         }
                     }
                 }
@@ -420,7 +459,9 @@ impl<'a> Allocator<'a> {
         dev_idx: usize,
         class: &str,
     ) -> Option<bool> {
-        let e = self.cache.devices[slice_idx][dev_idx]
+        let e = self
+            .cache
+            .entry(self.slices, slice_idx, dev_idx)
             .class_ok
             .lock()
             .expect("class cache lock");
@@ -428,7 +469,9 @@ impl<'a> Allocator<'a> {
     }
 
     fn set_class_result(&self, slice_idx: usize, dev_idx: usize, class: &str, ok: bool) {
-        let mut e = self.cache.devices[slice_idx][dev_idx]
+        let mut e = self
+            .cache
+            .entry(self.slices, slice_idx, dev_idx)
             .class_ok
             .lock()
             .expect("class cache lock");
@@ -757,9 +800,8 @@ impl<'a> Run<'a> {
             };
             let pool = &self.pools[d.pool];
             let (gslice, _) = pool.slices[d.slice];
-            let dev_val = self.a.device_value(gslice, d.device);
-            let r = match dev_val {
-                Ok(v) => prog.eval(v),
+            let r = match self.a.raw_device(gslice, d.device) {
+                Ok(raw) => prog.eval_raw(raw),
                 Err(e) => Err(e.clone()),
             };
             match r {
@@ -1214,7 +1256,7 @@ impl<'a> Run<'a> {
     fn available(&mut self, pool_idx: usize) -> &Counters {
         if !self.available_counters.contains_key(&pool_idx) {
             let pool = &self.pools[pool_idx];
-            let mut avail: Counters = pool.counter_sets.clone();
+            let mut avail: Counters = pool.counter_sets.as_ref().clone();
             let nothing_allocated =
                 self.a.allocated.devices.is_empty() && self.a.allocated.shared.is_empty();
             let scan: &[(usize, i64)] = if nothing_allocated { &[] } else { &pool.slices };

@@ -4,6 +4,7 @@ use super::Allocator;
 use crate::sim::cel::quantity::Quantity;
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 
 /// A node as the allocator sees it: its name and labels.
@@ -21,7 +22,8 @@ pub struct Pool<'a> {
     /// (global slice index, generation) of the device slices targeting the node, sorted by name.
     pub slices: Vec<(usize, i64)>,
     pub not_targeting: Vec<(usize, i64)>,
-    pub counter_sets: BTreeMap<String, BTreeMap<String, Quantity>>,
+    /// Borrowed from the device cache when one slice holds them all (the usual case).
+    pub counter_sets: Cow<'a, BTreeMap<String, BTreeMap<String, Quantity>>>,
     all: &'a [ResourceSlice],
 }
 
@@ -210,7 +212,7 @@ pub(super) fn gather_pools<'a>(
                     invalid: None,
                     slices: vec![],
                     not_targeting: vec![],
-                    counter_sets: BTreeMap::new(),
+                    counter_sets: Cow::Owned(BTreeMap::new()),
                     all,
                 }
             } else {
@@ -282,7 +284,7 @@ fn build_pool<'a>(
             }
         }
     }
-    let mk = |invalid: Option<String>, counter_sets| Pool {
+    let mk = |invalid: Option<String>, counter_sets: Cow<'a, _>| Pool {
         driver: id.0,
         name: id.1,
         incomplete: false,
@@ -300,27 +302,34 @@ fn build_pool<'a>(
     };
     if device_slices.len() == 1 {
         if let Some(n) = a.cache_dup_name(device_slices[0]) {
-            return mk(Some(format!("duplicate device name {n}")), BTreeMap::new());
+            return mk(
+                Some(format!("duplicate device name {n}")),
+                Cow::Owned(BTreeMap::new()),
+            );
         }
     } else if let Some(n) = a.cache_dup_name_across(&device_slices) {
-        return mk(Some(format!("duplicate device name {n}")), BTreeMap::new());
+        return mk(
+            Some(format!("duplicate device name {n}")),
+            Cow::Owned(BTreeMap::new()),
+        );
     }
-    let mut sets: BTreeMap<String, BTreeMap<String, Quantity>> = BTreeMap::new();
+    let mut sets: Cow<'a, BTreeMap<String, BTreeMap<String, Quantity>>> =
+        Cow::Owned(BTreeMap::new());
     for &i in &counter_slices {
         // set names are unique within a slice (validation); across slices they must differ too
         let parsed = a.cache_counters(i);
         if sets.is_empty() {
-            sets = parsed.clone();
+            sets = Cow::Borrowed(parsed);
             continue;
         }
         for (name, m) in parsed {
             if sets.contains_key(name) {
                 return mk(
                     Some(format!("duplicate counter set name {name}")),
-                    BTreeMap::new(),
+                    Cow::Owned(BTreeMap::new()),
                 );
             }
-            sets.insert(name.clone(), m.clone());
+            sets.to_mut().insert(name.clone(), m.clone());
         }
     }
     for &i in device_slices.iter().chain(not_targeting.iter()) {
@@ -328,14 +337,14 @@ fn build_pool<'a>(
             let Some(set) = sets.get(set_name) else {
                 return mk(
                     Some(format!("counter set {set_name} not found")),
-                    BTreeMap::new(),
+                    Cow::Owned(BTreeMap::new()),
                 );
             };
             for n in counters {
                 if !set.contains_key(n) {
                     return mk(
                         Some(format!("counter {n} not found in counter set {set_name}")),
-                        BTreeMap::new(),
+                        Cow::Owned(BTreeMap::new()),
                     );
                 }
             }

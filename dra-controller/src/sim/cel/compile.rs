@@ -138,6 +138,32 @@ pub enum Node {
         target: Box<Node>,
         re: Arc<regex::Regex>,
     },
+    /// `device.driver` / `device.allowMultipleAllocations`, read straight from the device
+    /// (see `fuse.rs`).
+    DeviceProp(DeviceProp),
+    /// `device.attributes[domain].id` or `device.capacity[domain].id` in any of its spellings,
+    /// read straight from the device (see `fuse.rs`).
+    DeviceField {
+        capacity: bool,
+        domain: Arc<str>,
+        id: Arc<str>,
+        mode: FieldMode,
+    },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DeviceProp {
+    Driver,
+    AllowMultipleAllocations,
+}
+
+/// What a fused field access answers: the value (`.id`, `[id]`), presence (`has(.id)`) or an
+/// optional (`.?id`, `[?id]`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FieldMode {
+    Get,
+    Has,
+    Opt,
 }
 
 #[derive(Debug)]

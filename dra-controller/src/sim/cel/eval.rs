@@ -1,6 +1,8 @@
 //! The interpreter for compiled selectors, with a runtime cost counter (one unit per evaluated
 //! node, plus string/list sizes for the linear library calls) enforcing the Kubernetes limit.
-use super::compile::{Func, Node};
+use super::compile::{DeviceProp, FieldMode, Func, Node};
+use super::fuse::{FIELD_COST, PROP_COST};
+use super::{RawDevice, raw_field};
 
 use super::value::{EvalResult, MapVal, NO_OVERLOAD, Value, equals, num_cmp};
 use std::cmp::Ordering;
@@ -9,9 +11,20 @@ use std::sync::Arc;
 pub const COST_LIMIT: u64 = 1_000_000;
 pub const COST_EXCEEDED: &str = "operation cancelled: actual cost limit exceeded";
 
+/// The `device` a program runs against: a value built beforehand, or the ResourceSlice device
+/// itself, whose attributes fused nodes read one at a time (the whole value is built only if the
+/// program uses `device` some other way).
+#[derive(Clone, Copy)]
+pub enum DeviceInput<'a> {
+    Value(&'a Value),
+    Raw(RawDevice<'a>),
+}
+
 pub struct Ctx<'a> {
     pub locals: Vec<Value>,
-    pub device: &'a Value,
+    pub device: DeviceInput<'a>,
+    /// The raw device's whole value, once something needed it.
+    pub built: Option<Value>,
     pub cost: u64,
 }
 
@@ -24,6 +37,23 @@ fn b(v: bool) -> EvalResult {
 }
 
 impl Ctx<'_> {
+    fn whole_device(&mut self) -> EvalResult {
+        match self.device {
+            DeviceInput::Value(v) => Ok(v.clone()),
+            DeviceInput::Raw(r) => {
+                if self.built.is_none() {
+                    self.built = Some(super::device_value(
+                        r.driver,
+                        r.attributes,
+                        r.capacity,
+                        r.allow_multiple_allocations,
+                    )?);
+                }
+                Ok(self.built.clone().expect("just built"))
+            }
+        }
+    }
+
     #[inline]
     fn charge(&mut self, n: u64) -> Result<(), String> {
         self.cost += n;
@@ -38,7 +68,50 @@ impl Ctx<'_> {
             Node::Const(v) => Ok(v.clone()),
             Node::Device => {
                 self.charge(1)?;
-                Ok(self.device.clone())
+                self.whole_device()
+            }
+            Node::DeviceProp(p) => {
+                self.charge(PROP_COST)?;
+                match (self.device, p) {
+                    (DeviceInput::Raw(r), DeviceProp::Driver) => Ok(Value::str(r.driver)),
+                    (DeviceInput::Raw(r), DeviceProp::AllowMultipleAllocations) => {
+                        b(r.allow_multiple_allocations)
+                    }
+                    (DeviceInput::Value(v), DeviceProp::Driver) => {
+                        select(v, &Value::str("driver"), false)
+                    }
+                    (DeviceInput::Value(v), DeviceProp::AllowMultipleAllocations) => {
+                        select(v, &Value::str("allowMultipleAllocations"), false)
+                    }
+                }
+            }
+            Node::DeviceField {
+                capacity,
+                domain,
+                id,
+                mode,
+            } => {
+                self.charge(FIELD_COST)?;
+                let found = match self.device {
+                    DeviceInput::Raw(r) => raw_field(&r, *capacity, domain, id)?,
+                    DeviceInput::Value(v) => {
+                        let map = select(
+                            v,
+                            &Value::str(if *capacity { "capacity" } else { "attributes" }),
+                            false,
+                        )?;
+                        match index(&map, &Value::Str(domain.clone()))? {
+                            Value::Map(m) => m.get_str(id).cloned(),
+                            _ => None,
+                        }
+                    }
+                };
+                match (mode, found) {
+                    (FieldMode::Get, Some(v)) => Ok(v),
+                    (FieldMode::Get, None) => Err(format!("no such key: {id}")),
+                    (FieldMode::Has, found) => b(found.is_some()),
+                    (FieldMode::Opt, found) => Ok(Value::Optional(found.map(Arc::new))),
+                }
             }
             Node::Local(s) => Ok(self.locals[*s].clone()),
             Node::Select {

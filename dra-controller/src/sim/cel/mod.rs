@@ -26,8 +26,10 @@
 //! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic and canonical formatting
 //!   that keeps the parsed format (`10Gi` stays `10Gi`; `sign(q)` is a global function, as
 //!   upstream); `semver.rs`: blang/semver rules and the library's normalize mode.
-//! - `device_value` builds the `device` variable once per device; the allocator keeps it in its
-//!   `DeviceCache` (see `sim::alloc`).
+//! - `fuse.rs`: selectors read the attributes they name straight from the ResourceSlice device
+//!   ([`RawDevice`]); the whole `device` value ([`device_value`]) is built only for other uses of
+//!   `device`. [`device_check`] raises the conversion errors the whole value would, once per
+//!   device (the allocator keeps the outcome in its `DeviceCache`).
 //!
 //! Checked against cel-go by `tests/sim_differential.rs` (random selectors over random devices,
 //! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2).
@@ -38,6 +40,7 @@
 //! function and argument types).
 pub mod compile;
 pub mod eval;
+pub mod fuse;
 pub mod quantity;
 pub mod semver;
 pub mod types;
@@ -77,17 +80,50 @@ pub fn compile(expr: &str) -> Result<Program, String> {
         ));
     }
     Ok(Program {
-        node,
+        node: fuse::fuse(node),
         slots: c.max_slots,
     })
+}
+
+/// [`compile`] without fusing device accesses: the reference the fused programs are tested against.
+#[cfg(test)]
+pub(crate) fn compile_unfused(expr: &str) -> Result<Program, String> {
+    let p = compile(expr)?;
+    let parser = cel::parser::Parser::new().enable_optional_syntax(true);
+    let (ast, info) = parser
+        .parse_with_source_info(expr)
+        .expect("parsed once already");
+    let mut c = compile::Compiler::new(&info, expr);
+    let (node, _) = c.compile(&ast).expect("compiled once already");
+    Ok(Program { node, ..p })
+}
+
+/// A ResourceSlice device as selectors see it, read in place.
+#[derive(Clone, Copy, Debug)]
+pub struct RawDevice<'a> {
+    pub driver: &'a str,
+    pub attributes: Option<&'a BTreeMap<String, DeviceAttribute>>,
+    pub capacity: Option<&'a BTreeMap<String, DeviceCapacity>>,
+    pub allow_multiple_allocations: bool,
 }
 
 impl Program {
     /// Evaluates against a device value from [`device_value`].
     pub fn eval(&self, device: &Value) -> Result<bool, String> {
+        self.run(eval::DeviceInput::Value(device))
+    }
+
+    /// Evaluates against a ResourceSlice device in place; it must have passed [`device_check`]
+    /// (whose error is the evaluation's otherwise).
+    pub fn eval_raw(&self, device: RawDevice<'_>) -> Result<bool, String> {
+        self.run(eval::DeviceInput::Raw(device))
+    }
+
+    fn run(&self, device: eval::DeviceInput<'_>) -> Result<bool, String> {
         let mut ctx = eval::Ctx {
             locals: vec![Value::Null; self.slots],
             device,
+            built: None,
             cost: 0,
         };
         match ctx.eval(&self.node)? {
@@ -129,6 +165,91 @@ pub fn enhance_runtime_error(e: &str) -> String {
     }
 }
 
+/// The error [`device_value`] would give for this device, without building anything.
+pub fn device_check(d: &RawDevice<'_>) -> Result<(), String> {
+    for (name, a) in d.attributes.into_iter().flatten() {
+        if a.int.is_none() && a.bool.is_none() && a.string.is_none() {
+            attribute_value(name, a)?;
+        }
+    }
+    for (name, c) in d.capacity.into_iter().flatten() {
+        capacity_value(name, c)?;
+    }
+    Ok(())
+}
+
+/// One attribute or capacity of a device as the whole `device` value would hold it under
+/// `domain`/`id`: when a qualified and an unqualified name land on the same key, the first
+/// in name order, as in [`device_value`].
+pub(crate) fn raw_field(
+    d: &RawDevice<'_>,
+    capacity: bool,
+    domain: &str,
+    id: &str,
+) -> Result<Option<Value>, String> {
+    fn find<'m, V>(
+        map: Option<&'m BTreeMap<String, V>>,
+        driver: &str,
+        domain: &str,
+        id: &str,
+    ) -> Option<(&'m String, &'m V)> {
+        let map = map?;
+        let unqualified = (domain == driver && !id.contains('/'))
+            .then(|| map.get_key_value(id))
+            .flatten();
+        let qualified = (!domain.contains('/'))
+            .then(|| {
+                // keys of this domain sort together, right after `<domain>/`
+                map.range::<str, _>((
+                    std::ops::Bound::Excluded(domain),
+                    std::ops::Bound::Unbounded,
+                ))
+                .take_while(|(k, _)| k.starts_with(domain))
+                .find(|(k, _)| {
+                    k.len() == domain.len() + 1 + id.len()
+                        && k.as_bytes()[domain.len()] == b'/'
+                        && k.ends_with(id)
+                })
+            })
+            .flatten();
+        match (unqualified, qualified) {
+            (Some(u), Some(q)) => Some(if u.0 < q.0 { u } else { q }),
+            (u, q) => u.or(q),
+        }
+    }
+    if capacity {
+        find(d.capacity, d.driver, domain, id)
+            .map(|(name, c)| capacity_value(name, c))
+            .transpose()
+    } else {
+        find(d.attributes, d.driver, domain, id)
+            .map(|(name, a)| attribute_value(name, a))
+            .transpose()
+    }
+}
+
+fn attribute_value(name: &str, a: &DeviceAttribute) -> Result<Value, String> {
+    Ok(if let Some(i) = a.int {
+        Value::Int(i)
+    } else if let Some(b) = a.bool {
+        Value::Bool(b)
+    } else if let Some(s) = &a.string {
+        Value::str(s)
+    } else if let Some(v) = &a.version {
+        Value::Semver(Arc::new(semver::Semver::parse(v).map_err(|e| {
+            format!("attribute {name}: parse semantic version: {e}")
+        })?))
+    } else {
+        return Err(format!("attribute {name}: unsupported attribute value"));
+    })
+}
+
+fn capacity_value(name: &str, c: &DeviceCapacity) -> Result<Value, String> {
+    quantity::Quantity::parse(&c.value.0)
+        .map(Value::Quantity)
+        .map_err(|e| format!("capacity {name}: {e}"))
+}
+
 fn split_qualified<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {
     match name.find('/') {
         Some(i) => (&name[..i], &name[i + 1..]),
@@ -153,19 +274,7 @@ pub fn device_value(
     }
     for (name, a) in attributes.into_iter().flatten() {
         let (dom, id) = split_qualified(name, driver);
-        let val = if let Some(i) = a.int {
-            Value::Int(i)
-        } else if let Some(b) = a.bool {
-            Value::Bool(b)
-        } else if let Some(s) = &a.string {
-            Value::str(s)
-        } else if let Some(v) = &a.version {
-            Value::Semver(Arc::new(semver::Semver::parse(v).map_err(|e| {
-                format!("attribute {name}: parse semantic version: {e}")
-            })?))
-        } else {
-            return Err(format!("attribute {name}: unsupported attribute value"));
-        };
+        let val = attribute_value(name, a)?;
         domain_entry(&mut attrs, dom)
             .entries
             .push((Value::str(id), val));
@@ -173,11 +282,10 @@ pub fn device_value(
     let mut caps: Vec<(String, value::MapVal)> = Vec::new();
     for (name, c) in capacity.into_iter().flatten() {
         let (dom, id) = split_qualified(name, driver);
-        let q =
-            quantity::Quantity::parse(&c.value.0).map_err(|e| format!("capacity {name}: {e}"))?;
+        let q = capacity_value(name, c)?;
         domain_entry(&mut caps, dom)
             .entries
-            .push((Value::str(id), Value::Quantity(q)));
+            .push((Value::str(id), q));
     }
     let outer = |v: Vec<(String, value::MapVal)>| {
         Value::Map(Arc::new(value::MapVal {
