@@ -2,7 +2,8 @@
 //!
 //! Starts `dra-plugin run` (simulated backend, offline claims, real fsync'd checkpoint and CDI
 //! writes) as a child process, drives N concurrent claims through R prepare/unprepare rounds each
-//! over one shared connection (as the kubelet keeps one per plugin), and prints p50/p99 per call,
+//! over one shared HTTP/2 connection (as the kubelet keeps one per plugin; a bare hyper connection,
+//! so the load generator costs little of the cores it shares), and prints p50/p99 per call,
 //! CPU per pair (plugin and load generator, which share this machine's cores) and the child's peak
 //! RSS (VmHWM). Figures, not assertions. BENCH_ROUNDS=R, BENCH_ONLY=<label text>, BENCH_DIST=1
 //! (percentiles), DRA_PLUGIN_BIN=<another build, e.g. with frame pointers for profiling>.
@@ -11,8 +12,43 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use dra_plugin::grpc::client::{get_info, unix_channel};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use dra_plugin::grpc::client::get_info;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
+
+/// One HTTP/2 connection shared by every simulated pod, without the request queue and worker
+/// task a `tonic::transport::Channel` adds: the load generator shares this machine's cores with
+/// the plugin, so it should cost as little as the kubelet's grpc-go client does.
+#[derive(Clone)]
+struct H2(SendRequest<tonic::body::Body>);
+
+impl tower::Service<http::Request<tonic::body::Body>> for H2 {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, hyper::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> Self::Future {
+        Box::pin(self.0.send_request(req))
+    }
+}
+
+async fn h2_connect(sock: &Path) -> H2 {
+    let io = TokioIo::new(tokio::net::UnixStream::connect(sock).await.unwrap());
+    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    H2(send)
+}
 
 struct Run {
     label: &'static str,
@@ -144,13 +180,14 @@ async fn bench(run: Run, rounds: usize) {
     let wall = Instant::now();
     let cpu_before = cpu_time(child.id());
     let own_before = cpu_time(std::process::id());
-    let channel = unix_channel(&sock).await.unwrap();
+    let channel = h2_connect(&sock).await;
+    let origin: http::Uri = "http://localhost".parse().unwrap();
     let tasks: Vec<_> = claims
         .into_iter()
         .map(|c| {
-            let channel = channel.clone();
+            let (channel, origin) = (channel.clone(), origin.clone());
             tokio::spawn(async move {
-                let mut client = DraPluginClient::new(channel);
+                let mut client = DraPluginClient::with_origin(channel, origin);
                 let (mut prep, mut unprep) = (Vec::new(), Vec::new());
                 for _ in 0..rounds {
                     let t = Instant::now();
