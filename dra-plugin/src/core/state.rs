@@ -1,12 +1,11 @@
 //! Prepare and unprepare: the two-phase, idempotent, crash-safe heart of the plugin.
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, Weak};
 
 use gpu_dra_api::config::{DeviceConfig, DeviceKind, SharingStrategy, TimeSliceInterval};
 use gpu_dra_api::gates::FeatureGates;
 use gpu_dra_api::inventory::{DeviceRef, Gpu, Inventory, MigDevice, parse_device_name};
-use gpu_dra_api::profiles::MigProfile;
 use serde::{Deserialize, Serialize};
 use tracing::{info, warn};
 
@@ -75,10 +74,21 @@ fn known_changes(record: &ClaimRecord) -> impl Iterator<Item = HardwareChange> +
         .filter_map(|h| serde_json::from_value(h.clone()).ok())
 }
 
+/// What an allocated device is on this node. GPUs are shared with the inventory (a prepare
+/// copies no hardware description).
 enum Target {
-    Gpu(Gpu),
-    StaticMig(Gpu, MigDevice),
-    DynamicMig(Gpu, MigProfile, u32),
+    Gpu(Arc<Gpu>),
+    /// an existing MIG device: its index in the GPU's MIG devices
+    StaticMig(Arc<Gpu>, usize),
+    /// a MIG device to create: GI profile ID and placement start
+    DynamicMig(Arc<Gpu>, u32, u32),
+}
+
+fn static_mig(gpu: &Gpu, index: usize) -> &MigDevice {
+    &gpu.mig
+        .as_ref()
+        .expect("a static MIG target's GPU has MIG state")
+        .devices[index]
 }
 
 struct Planned {
@@ -117,7 +127,9 @@ impl Planned {
 pub struct DeviceState {
     pool: String,
     backend: Arc<dyn DeviceBackend>,
-    inventory: RwLock<Inventory>,
+    /// Fixed for the life of the state (the node's hardware as discovered at start).
+    inventory: Inventory,
+    gpus: Vec<Arc<Gpu>>,
     checkpoint: Checkpoint,
     cdi: CdiStore,
     gates: FeatureGates,
@@ -163,7 +175,8 @@ impl DeviceState {
         DeviceState {
             pool: pool.to_string(),
             backend,
-            inventory: RwLock::new(inventory),
+            gpus: inventory.gpus.iter().cloned().map(Arc::new).collect(),
+            inventory,
             checkpoint,
             cdi,
             gates,
@@ -196,7 +209,7 @@ impl DeviceState {
     }
 
     pub fn inventory(&self) -> Inventory {
-        self.inventory.read().expect("inventory lock").clone()
+        self.inventory.clone()
     }
 
     /// Serializes work on one claim; different claims proceed in parallel.
@@ -249,9 +262,9 @@ impl DeviceState {
         let mut hardware: Vec<HardwareChange> = planned
             .iter()
             .filter_map(|p| match &p.target {
-                Target::DynamicMig(gpu, profile, start) => Some(HardwareChange::DynamicMig {
+                Target::DynamicMig(gpu, gi_profile_id, start) => Some(HardwareChange::DynamicMig {
                     parent_minor: gpu.minor,
-                    gi_profile_id: profile.gi_profile_id,
+                    gi_profile_id: *gi_profile_id,
                     placement_start: *start,
                 }),
                 _ => None,
@@ -518,12 +531,11 @@ impl DeviceState {
                 self.pool
             )));
         }
-        let inv = self.inventory.read().expect("inventory lock");
         alloc
             .devices
             .iter()
             .map(|d| {
-                let target = self.target(&inv, d)?;
+                let target = self.target(d)?;
                 let kind = match target {
                     Target::Gpu(_) => DeviceKind::Gpu,
                     _ => DeviceKind::Mig,
@@ -549,7 +561,7 @@ impl DeviceState {
             .collect()
     }
 
-    fn target(&self, inv: &Inventory, d: &AllocatedDevice) -> Result<Target, Error> {
+    fn target(&self, d: &AllocatedDevice) -> Result<Target, Error> {
         let invalid = |why: String| {
             Error::InvalidAllocation(format!("device {}/{}: {why}", d.pool, d.device))
         };
@@ -557,7 +569,9 @@ impl DeviceState {
             return Err(invalid(format!("this node serves pool {}", self.pool)));
         }
         let gpu_of = |minor: u32| {
-            inv.gpu_by_minor(minor)
+            self.gpus
+                .iter()
+                .find(|g| g.minor == minor)
                 .cloned()
                 .ok_or_else(|| invalid("no such GPU on this node".into()))
         };
@@ -580,24 +594,24 @@ impl DeviceState {
             } => {
                 let gpu = gpu_of(parent_minor)?;
                 if self.gates.dynamic_mig() {
-                    let profile = gpu
+                    if !gpu
                         .mig_profile(gi_profile_id)
-                        .filter(|p| p.placements.iter().any(|[s, _]| *s == start))
-                        .cloned()
-                        .ok_or_else(|| invalid("no such MIG placement on this GPU".into()))?;
-                    return Ok(Target::DynamicMig(gpu, profile, start));
+                        .is_some_and(|p| p.placements.iter().any(|[s, _]| *s == start))
+                    {
+                        return Err(invalid("no such MIG placement on this GPU".into()));
+                    }
+                    return Ok(Target::DynamicMig(gpu, gi_profile_id, start));
                 }
-                let mig = gpu
+                let index = gpu
                     .mig
                     .as_ref()
                     .and_then(|m| {
-                        m.devices.iter().find(|m| {
+                        m.devices.iter().position(|m| {
                             m.gi_profile_id == gi_profile_id && m.placement_start == start
                         })
                     })
-                    .cloned()
                     .ok_or_else(|| invalid("no such MIG device exists on this GPU".into()))?;
-                Ok(Target::StaticMig(gpu, mig))
+                Ok(Target::StaticMig(gpu, index))
             }
         }
     }
@@ -720,10 +734,10 @@ impl DeviceState {
             }
             let e = match &p.target {
                 Target::Gpu(gpu) => gpu_edits(&p.alloc.device, gpu),
-                Target::StaticMig(gpu, mig) => mig_edits(&p.alloc.device, gpu, mig),
-                Target::DynamicMig(gpu, profile, start) => {
+                Target::StaticMig(gpu, i) => mig_edits(&p.alloc.device, gpu, static_mig(gpu, *i)),
+                Target::DynamicMig(gpu, gi, start) => {
                     let backend = self.backend.clone();
-                    let (minor, gi, start) = (gpu.minor, profile.gi_profile_id, *start);
+                    let (minor, gi, start) = (gpu.minor, *gi, *start);
                     let mig = {
                         let _slot = self.mig_ops.acquire().await.expect("never closed");
                         tokio::task::spawn_blocking(move || backend.create_mig(minor, gi, start))
@@ -780,7 +794,7 @@ impl DeviceState {
         for p in &mps {
             let uuid = match &p.target {
                 Target::Gpu(g) => Some(g.uuid.clone()),
-                Target::StaticMig(_, m) => Some(m.uuid.clone()),
+                Target::StaticMig(g, i) => Some(static_mig(g, *i).uuid.clone()),
                 Target::DynamicMig(..) => edits
                     .iter()
                     .find(|e| e.device_name == p.alloc.device)
