@@ -16,7 +16,7 @@ use tracing::info;
 
 use crate::Error;
 use crate::core::Preparer;
-use crate::core::cdi::{CdiDevice, ContainerEdits, DeviceNode, Mount, Spec};
+use crate::core::cdi::{CdiDevice, CdiStore, ContainerEdits, DeviceNode, Mount, Spec};
 use crate::core::checkpoint::{Checkpoint, ClaimRecord, ClaimState};
 use crate::core::fsutil::{remove_if_exists, write_atomic};
 use crate::core::types::{AllocatedDevice, ClaimAllocation, PreparedDevice};
@@ -323,10 +323,8 @@ impl ComputeDomainState {
             devices: cdi_devices,
             container_edits: ContainerEdits::default(),
         };
-        std::fs::create_dir_all(&self.cdi_root)
-            .map_err(|e| Error::io("creating the CDI root", &self.cdi_root, e))?;
         let path = self.spec_path(uid);
-        write_atomic(&path, &serde_json::to_vec(&spec).expect("spec serializes"))
+        write_atomic(&path, &CdiStore::encode(&spec))
             .map_err(|e| Error::io("writing the CDI spec", &path, e))?;
         self.checkpoint
             .update(|c| c.insert(uid.clone(), record))

@@ -232,14 +232,30 @@ impl Checkpoint {
         &self,
         f: impl FnOnce(&mut BTreeMap<String, ClaimRecord>) -> R,
     ) -> Result<R, Error> {
-        let (result, generation) = {
-            let mut s = self.shared.state.lock().expect("checkpoint lock");
-            let r = f(&mut s.data.claims);
-            s.generation += 1;
-            (r, s.generation)
-        };
+        let (result, generation) = self.stage(f, None);
         self.flush_until(generation).await?;
         Ok(result)
+    }
+
+    /// Applies `f` in memory and queues `file` for the next flush; returns `f`'s result and the
+    /// generation a flush must reach to carry both.
+    fn stage<R>(
+        &self,
+        f: impl FnOnce(&mut BTreeMap<String, ClaimRecord>) -> R,
+        file: Option<(PathBuf, Vec<u8>)>,
+    ) -> (R, u64) {
+        let mut s = self.shared.state.lock().expect("checkpoint lock");
+        let r = f(&mut s.data.claims);
+        s.generation += 1;
+        let generation = s.generation;
+        if let Some((path, bytes)) = file {
+            s.files.push(SideFile {
+                generation,
+                path,
+                bytes,
+            });
+        }
+        (r, generation)
     }
 
     /// Like [`Checkpoint::update`], and writes `bytes` atomically to `path` (creating its
@@ -253,18 +269,7 @@ impl Checkpoint {
         path: PathBuf,
         bytes: Vec<u8>,
     ) -> Result<R, Error> {
-        let (result, generation) = {
-            let mut s = self.shared.state.lock().expect("checkpoint lock");
-            let r = f(&mut s.data.claims);
-            s.generation += 1;
-            let generation = s.generation;
-            s.files.push(SideFile {
-                generation,
-                path,
-                bytes,
-            });
-            (r, generation)
-        };
+        let (result, generation) = self.stage(f, Some((path, bytes)));
         let flushed = self.flush_until(generation).await;
         let failed = self
             .shared

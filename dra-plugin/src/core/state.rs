@@ -127,8 +127,8 @@ impl Planned {
 pub struct DeviceState {
     pool: String,
     backend: Arc<dyn DeviceBackend>,
-    /// Fixed for the life of the state (the node's hardware as discovered at start).
-    inventory: Inventory,
+    /// The node's GPUs as discovered at start, fixed for the life of the state; shared with
+    /// each prepare's plan rather than copied.
     gpus: Vec<Arc<Gpu>>,
     checkpoint: Checkpoint,
     cdi: CdiStore,
@@ -175,8 +175,7 @@ impl DeviceState {
         DeviceState {
             pool: pool.to_string(),
             backend,
-            gpus: inventory.gpus.iter().cloned().map(Arc::new).collect(),
-            inventory,
+            gpus: inventory.gpus.into_iter().map(Arc::new).collect(),
             checkpoint,
             cdi,
             gates,
@@ -209,7 +208,9 @@ impl DeviceState {
     }
 
     pub fn inventory(&self) -> Inventory {
-        self.inventory.clone()
+        Inventory {
+            gpus: self.gpus.iter().map(|g| Gpu::clone(g)).collect(),
+        }
     }
 
     /// Serializes work on one claim; different claims proceed in parallel.
