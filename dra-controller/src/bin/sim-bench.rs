@@ -112,12 +112,7 @@ fn main() -> anyhow::Result<()> {
     for (s, d) in &devices {
         // Read in place, as the allocator does; checked per evaluation below, as cel-go converts
         // the device per evaluation.
-        let raw = cel::RawDevice {
-            driver: &s.spec.driver,
-            attributes: d.attributes.as_ref(),
-            capacity: d.capacity.as_ref(),
-            allow_multiple_allocations: false,
-        };
+        let raw = cel::RawDevice::of(&s.spec.driver, d);
         for (i, sel) in SELECTORS.iter().enumerate() {
             pairs.push((i, raw));
             evals.push(json!({"expression": sel, "device": {"Driver": s.spec.driver, "Attributes": d.attributes, "Capacity": d.capacity}}));

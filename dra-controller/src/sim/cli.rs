@@ -134,13 +134,9 @@ pub async fn eval(args: EvalArgs) -> Result<()> {
     let mut rows = Vec::new();
     for s in &objs.slices {
         for d in s.spec.devices.iter().flatten() {
-            let r = super::cel::device_value(
-                &s.spec.driver,
-                d.attributes.as_ref(),
-                d.capacity.as_ref(),
-                d.allow_multiple_allocations.unwrap_or(false),
-            )
-            .and_then(|v| prog.eval(&v));
+            // as the allocator reads devices: in place, conversion checked first
+            let raw = super::cel::RawDevice::of(&s.spec.driver, d);
+            let r = super::cel::device_check(&raw).and_then(|()| prog.eval_raw(raw));
             let (matches, error) = match r {
                 Ok(b) => (Some(b), None),
                 Err(e) => (None, Some(super::cel::enhance_runtime_error(&e))),

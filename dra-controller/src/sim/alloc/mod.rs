@@ -345,12 +345,7 @@ impl<'a> Allocator<'a> {
     ) -> Result<cel::RawDevice<'a>, &String> {
         let s = &self.slices[slice_idx];
         let d = &s.spec.devices.as_ref().expect("device index")[dev_idx];
-        let raw = cel::RawDevice {
-            driver: &s.spec.driver,
-            attributes: d.attributes.as_ref(),
-            capacity: d.capacity.as_ref(),
-            allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
-        };
+        let raw = cel::RawDevice::of(&s.spec.driver, d);
         match self
             .cache
             .entry(self.slices, slice_idx, dev_idx)

@@ -300,18 +300,13 @@ fn build_pool<'a>(
         counter_sets,
         all,
     };
+    let invalid = |why: String| mk(Some(why), Cow::Owned(BTreeMap::new()));
     if device_slices.len() == 1 {
         if let Some(n) = a.cache_dup_name(device_slices[0]) {
-            return mk(
-                Some(format!("duplicate device name {n}")),
-                Cow::Owned(BTreeMap::new()),
-            );
+            return invalid(format!("duplicate device name {n}"));
         }
     } else if let Some(n) = a.cache_dup_name_across(&device_slices) {
-        return mk(
-            Some(format!("duplicate device name {n}")),
-            Cow::Owned(BTreeMap::new()),
-        );
+        return invalid(format!("duplicate device name {n}"));
     }
     let mut sets: Cow<'a, BTreeMap<String, BTreeMap<String, Quantity>>> =
         Cow::Owned(BTreeMap::new());
@@ -324,10 +319,7 @@ fn build_pool<'a>(
         }
         for (name, m) in parsed {
             if sets.contains_key(name) {
-                return mk(
-                    Some(format!("duplicate counter set name {name}")),
-                    Cow::Owned(BTreeMap::new()),
-                );
+                return invalid(format!("duplicate counter set name {name}"));
             }
             sets.to_mut().insert(name.clone(), m.clone());
         }
@@ -335,17 +327,11 @@ fn build_pool<'a>(
     for &i in device_slices.iter().chain(not_targeting.iter()) {
         for (set_name, counters) in a.cache_counter_refs(i) {
             let Some(set) = sets.get(set_name) else {
-                return mk(
-                    Some(format!("counter set {set_name} not found")),
-                    Cow::Owned(BTreeMap::new()),
-                );
+                return invalid(format!("counter set {set_name} not found"));
             };
             for n in counters {
                 if !set.contains_key(n) {
-                    return mk(
-                        Some(format!("counter {n} not found in counter set {set_name}")),
-                        Cow::Owned(BTreeMap::new()),
-                    );
+                    return invalid(format!("counter {n} not found in counter set {set_name}"));
                 }
             }
         }

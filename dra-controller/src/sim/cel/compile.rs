@@ -178,6 +178,14 @@ pub struct Comp {
     pub result: Node,
 }
 
+struct TwoVars {
+    v1: String,
+    v2: String,
+    range: Node,
+    t1: Ty,
+    t2: Ty,
+}
+
 pub struct Compiler<'a> {
     scopes: Vec<(String, usize, Ty)>,
     next_slot: usize,
@@ -431,8 +439,9 @@ impl<'a> Compiler<'a> {
         }
     }
 
-    fn macro3(&mut self, id: u64, kind: &str, target: &IdedExpr, args: &[IdedExpr]) -> R {
-        // two-variable comprehensions: all(k, v, p), exists(k, v, p), existsOne(k, v, p)
+    /// What every two-variable form starts with: the two names (simple identifiers), the
+    /// compiled range, and the types the names take over it.
+    fn two_vars(&mut self, target: &IdedExpr, args: &[IdedExpr]) -> Result<TwoVars, String> {
         let name = |e: &IdedExpr| match &e.expr {
             Expr::Ident(n) => Ok(n.clone()),
             _ => Err(self.err(e.id, "argument must be a simple name".into())),
@@ -443,6 +452,24 @@ impl<'a> Compiler<'a> {
         let (t1, t2) = iter_types(&rt, true).ok_or_else(|| {
             self.err(target.id, format!("expression of type '{rt}' cannot be range of a comprehension (must be list, map, or dynamic)"))
         })?;
+        Ok(TwoVars {
+            v1,
+            v2,
+            range,
+            t1,
+            t2,
+        })
+    }
+
+    fn macro3(&mut self, id: u64, kind: &str, target: &IdedExpr, args: &[IdedExpr]) -> R {
+        // two-variable comprehensions: all(k, v, p), exists(k, v, p), existsOne(k, v, p)
+        let TwoVars {
+            v1,
+            v2,
+            range,
+            t1,
+            t2,
+        } = self.two_vars(target, args)?;
         let accu_ty = if kind == "existsOne" {
             Ty::Int
         } else {
@@ -518,16 +545,13 @@ impl<'a> Compiler<'a> {
     /// `ext.TwoVarComprehensions` transforms: `l.transformList(i, v, [filter,] expr)`,
     /// `m.transformMap(k, v, [filter,] expr)`, `m.transformMapEntry(k, v, [filter,] mapExpr)`.
     fn transform(&mut self, kind: &str, target: &IdedExpr, args: &[IdedExpr]) -> R {
-        let name = |e: &IdedExpr| match &e.expr {
-            Expr::Ident(n) => Ok(n.clone()),
-            _ => Err(self.err(e.id, "argument must be a simple name".into())),
-        };
-        let v1 = name(&args[0])?;
-        let v2 = name(&args[1])?;
-        let (range, rt) = self.compile(target)?;
-        let (t1, t2) = iter_types(&rt, true).ok_or_else(|| {
-            self.err(target.id, format!("expression of type '{rt}' cannot be range of a comprehension (must be list, map, or dynamic)"))
-        })?;
+        let TwoVars {
+            v1,
+            v2,
+            range,
+            t1,
+            t2,
+        } = self.two_vars(target, args)?;
         let accu = self.push("@result", Ty::Dyn);
         let var1 = self.push(&v1, t1.clone());
         let var2 = self.push(&v2, t2);

@@ -107,6 +107,18 @@ pub struct RawDevice<'a> {
     pub allow_multiple_allocations: bool,
 }
 
+impl<'a> RawDevice<'a> {
+    /// Device `d` of a slice of `driver`.
+    pub fn of(driver: &'a str, d: &'a k8s_openapi::api::resource::v1::Device) -> Self {
+        RawDevice {
+            driver,
+            attributes: d.attributes.as_ref(),
+            capacity: d.capacity.as_ref(),
+            allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
+        }
+    }
+}
+
 impl Program {
     /// Evaluates against a device value from [`device_value`].
     pub fn eval(&self, device: &Value) -> Result<bool, String> {
@@ -194,28 +206,20 @@ pub(crate) fn raw_field(
         id: &str,
     ) -> Option<(&'m String, &'m V)> {
         let map = map?;
-        let unqualified = (domain == driver && !id.contains('/'))
-            .then(|| map.get_key_value(id))
-            .flatten();
-        let qualified = (!domain.contains('/'))
-            .then(|| {
-                // keys of this domain sort together, right after `<domain>/`
-                map.range::<str, _>((
-                    std::ops::Bound::Excluded(domain),
-                    std::ops::Bound::Unbounded,
-                ))
-                .take_while(|(k, _)| k.starts_with(domain))
-                .find(|(k, _)| {
-                    k.len() == domain.len() + 1 + id.len()
-                        && k.as_bytes()[domain.len()] == b'/'
-                        && k.ends_with(id)
-                })
-            })
-            .flatten();
-        match (unqualified, qualified) {
-            (Some(u), Some(q)) => Some(if u.0 < q.0 { u } else { q }),
-            (u, q) => u.or(q),
-        }
+        // The only names that can land on (domain, id): `id` itself, and the names that start
+        // with `domain` (they sort together, right after it). `split_qualified` decides, as
+        // for the whole value; the first in name order wins.
+        let same_domain = map
+            .range::<str, _>((
+                std::ops::Bound::Excluded(domain),
+                std::ops::Bound::Unbounded,
+            ))
+            .take_while(|(k, _)| k.starts_with(domain));
+        map.get_key_value(id)
+            .into_iter()
+            .chain(same_domain)
+            .filter(|(k, _)| split_qualified(k, driver) == (domain, id))
+            .min_by_key(|(k, _)| *k)
     }
     if capacity {
         find(d.capacity, d.driver, domain, id)
