@@ -26,6 +26,31 @@ where
     Ok(api.patch(&name, &params(), &Patch::Apply(obj)).await?)
 }
 
+/// Adds (`present`) or removes our `finalizer` on `obj` with a merge patch guarded by its
+/// resourceVersion, so a concurrent change makes the patch fail rather than drop a finalizer.
+pub async fn set_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str, present: bool) -> Result<()>
+where
+    K: Resource + DeserializeOwned + Clone + Debug,
+{
+    let mut fins: Vec<String> = obj
+        .finalizers()
+        .iter()
+        .filter(|f| *f != finalizer)
+        .cloned()
+        .collect();
+    if present {
+        fins.push(finalizer.to_owned());
+    }
+    let patch = serde_json::json!({ "metadata": { "finalizers": fins, "resourceVersion": obj.resource_version() } });
+    api.patch(
+        &obj.name_any(),
+        &PatchParams::default(),
+        &Patch::Merge(patch),
+    )
+    .await?;
+    Ok(())
+}
+
 /// Delete in the foreground. `true` while the object (or its dependents) still exists.
 pub async fn delete<K>(api: &Api<K>, name: &str) -> Result<bool>
 where

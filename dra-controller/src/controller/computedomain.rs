@@ -19,7 +19,7 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{info, instrument};
 
-use super::apply::{apply, delete, delete_background, params};
+use super::apply::{apply, delete, delete_background, params, set_finalizer};
 use super::crd::{
     AllocationMode, ComputeDomain, ComputeDomainNode, ComputeDomainStatus, DomainStatus,
 };
@@ -311,32 +311,11 @@ pub async fn reconcile(cd: Arc<ComputeDomain>, ctx: Arc<Ctx>) -> Result<Action> 
             info!(waiting_for = what, "teardown in progress");
             return Ok(Action::requeue(SHORT_REQUEUE));
         }
-        let rest: Vec<_> = cd
-            .finalizers()
-            .iter()
-            .filter(|f| *f != COMPUTE_DOMAIN_FINALIZER)
-            .collect();
-        let patch =
-            json!({ "metadata": { "finalizers": rest, "resourceVersion": cd.resource_version() } });
-        api.patch(
-            &cd.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await?;
+        set_finalizer(&api, cd.as_ref(), COMPUTE_DOMAIN_FINALIZER, false).await?;
         return Ok(Action::await_change());
     }
     if !has_finalizer {
-        let mut fins = cd.finalizers().to_vec();
-        fins.push(COMPUTE_DOMAIN_FINALIZER.to_owned());
-        let patch =
-            json!({ "metadata": { "finalizers": fins, "resourceVersion": cd.resource_version() } });
-        api.patch(
-            &cd.name_any(),
-            &PatchParams::default(),
-            &Patch::Merge(patch),
-        )
-        .await?;
+        set_finalizer(&api, cd.as_ref(), COMPUTE_DOMAIN_FINALIZER, true).await?;
         return Ok(Action::await_change());
     }
 

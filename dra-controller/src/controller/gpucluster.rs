@@ -12,13 +12,13 @@ use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams, Patch};
 use kube::runtime::controller::Action;
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
-use super::apply::{apply, delete, params};
+use super::apply::{apply, delete, params, set_finalizer};
 use super::crd::{GPUCluster, GPUClusterSpec};
 use super::error::{Error, Result};
 use super::labels::{
@@ -48,7 +48,6 @@ const RESYNC: Duration = Duration::from_secs(300);
 pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile.measure("gpucluster");
     let api: Api<GPUCluster> = Api::all(ctx.client.clone());
-    let name = gc.name_any();
     let has_finalizer = gc.finalizers().iter().any(|f| f == GPUCLUSTER_FINALIZER);
     if gc.meta().deletion_timestamp.is_some() {
         if !has_finalizer {
@@ -60,25 +59,13 @@ pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
                 Ok(Action::requeue(SHORT_REQUEUE))
             }
             Teardown::Done => {
-                let rest: Vec<_> = gc
-                    .finalizers()
-                    .iter()
-                    .filter(|f| *f != GPUCLUSTER_FINALIZER)
-                    .collect();
-                let patch = json!({ "metadata": { "finalizers": rest, "resourceVersion": gc.resource_version() } });
-                api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-                    .await?;
+                set_finalizer(&api, gc.as_ref(), GPUCLUSTER_FINALIZER, false).await?;
                 Ok(Action::await_change())
             }
         };
     }
     if !has_finalizer {
-        let mut fins = gc.finalizers().to_vec();
-        fins.push(GPUCLUSTER_FINALIZER.to_owned());
-        let patch =
-            json!({ "metadata": { "finalizers": fins, "resourceVersion": gc.resource_version() } });
-        api.patch(&name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
+        set_finalizer(&api, gc.as_ref(), GPUCLUSTER_FINALIZER, true).await?;
         return Ok(Action::await_change());
     }
     converge(&gc, &ctx).await
