@@ -1,4 +1,5 @@
 //! The compute-domain driver mode over its real sockets (offline claims, no API server).
+mod common;
 use std::time::Duration;
 
 use dra_plugin::cli::Cli;
@@ -11,8 +12,7 @@ async fn a_channel_claim_is_prepared_under_the_compute_domain_driver() {
     use clap::Parser;
     let tmp = tempfile::tempdir().unwrap();
     let d = tmp.path();
-    std::fs::create_dir_all(d.join("claims")).unwrap();
-    std::fs::write(d.join("boot_id"), "b\n").unwrap();
+    common::offline_dir(d);
     let claim = serde_json::json!({
         "metadata": {"name": "ch", "namespace": "ns", "uid": "uid-ch"},
         "spec": {"devices": {"requests": []}},
@@ -21,7 +21,7 @@ async fn a_channel_claim_is_prepared_under_the_compute_domain_driver() {
             "config": [{"source": "FromClaim", "opaque": {"driver": "compute-domain.nvidia.com", "parameters": {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "dom-1"}}}]
         }}}
     });
-    std::fs::write(d.join("claims/ns_ch.json"), claim.to_string()).unwrap();
+    common::put_claim(d, &claim);
     let p = |s: &str| d.join(s).display().to_string();
     let cli = Cli::parse_from([
         "dra-plugin",

@@ -25,10 +25,7 @@ async fn start(dir: &Path) -> Plugin {
 }
 
 async fn start_with(dir: &Path, gates: &str, layout: Option<&str>) -> Plugin {
-    std::fs::create_dir_all(dir.join("claims")).unwrap();
-    if !dir.join("boot_id").exists() {
-        std::fs::write(dir.join("boot_id"), "boot-a\n").unwrap();
-    }
+    common::offline_dir(dir);
     let (stop, rx) = watch::channel(false);
     let task = tokio::spawn(dra_plugin::run::run_until(
         common::offline_args(dir, "h100-80gb:8", gates, layout),
@@ -75,7 +72,7 @@ fn claim(dir: &Path, name: &str, uid: &str, results: &[(&str, &str)]) -> v1::Cla
         "spec": {"devices": {"requests": []}},
         "status": {"allocation": {"devices": {"results": results}}}
     });
-    std::fs::write(dir.join(format!("claims/ns_{name}.json")), obj.to_string()).unwrap();
+    common::put_claim(dir, &obj);
     v1::Claim {
         namespace: "ns".into(),
         uid: uid.into(),

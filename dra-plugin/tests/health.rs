@@ -23,14 +23,13 @@ async fn next<T>(s: &mut tonic::Streaming<T>) -> T {
 async fn prepared_devices_turn_unhealthy_and_recover() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path();
-    std::fs::create_dir_all(dir.join("claims")).unwrap();
-    std::fs::write(dir.join("boot_id"), "b\n").unwrap();
+    common::offline_dir(dir);
     let claim = serde_json::json!({
         "metadata": {"name": "c", "namespace": "ns", "uid": "uid-h"},
         "spec": {"devices": {"requests": []}},
         "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-2"}]}}}
     });
-    std::fs::write(dir.join("claims/ns_c.json"), claim.to_string()).unwrap();
+    common::put_claim(dir, &claim);
     let (stop, rx) = watch::channel(false);
     let task = tokio::spawn(dra_plugin::run::run_until(
         common::offline_args(dir, "h100-80gb:4", "NVMLDeviceHealthCheck=true", None),

@@ -1,6 +1,7 @@
 //! The real `dra-plugin` binary with `--backend nvml` on the mock libnvidia-ml: it publishes what
 //! the simulated backend publishes for the same hardware, waits for a driver that is not ready
 //! yet, and dynamic MIG prepare/unprepare creates and destroys the instance in (mock) NVML.
+mod common;
 #[path = "../../mock-nvml/harness.rs"]
 mod harness;
 
@@ -88,8 +89,7 @@ struct Plugin {
 
 impl Plugin {
     fn start(dir: &Path, node: &MockNode, gates: &str) -> Plugin {
-        std::fs::create_dir_all(dir.join("claims")).unwrap();
-        std::fs::write(dir.join("boot_id"), "boot-a\n").unwrap();
+        common::offline_dir(dir);
         let log = dir.join("plugin.log");
         let child = Command::new(BIN)
             .arg("run")
@@ -173,7 +173,7 @@ fn claim(dir: &Path, name: &str, uid: &str, device: &str) -> v1::Claim {
             {"request": "mig", "driver": "gpu.nvidia.com", "pool": "node-1", "device": device}
         ]}}}
     });
-    std::fs::write(dir.join(format!("claims/ns_{name}.json")), obj.to_string()).unwrap();
+    common::put_claim(dir, &obj);
     v1::Claim {
         namespace: "ns".into(),
         uid: uid.into(),

@@ -1,6 +1,7 @@
 //! Sharing over the plugin's real sockets: an MPS claim (simulated backend, so the stand-in
 //! daemon, a real process) gets its directories, env and mounts in the CDI spec, and everything is
 //! gone after unprepare; time slices show in `sharing.json`; consumable shares report share IDs.
+mod common;
 use std::path::Path;
 use std::time::Duration;
 
@@ -22,8 +23,7 @@ struct Plugin {
 
 /// Starts `dra-plugin run` in-process (offline claims), arguments parsed like the binary's.
 async fn start(dir: &Path) -> Plugin {
-    std::fs::create_dir_all(dir.join("claims")).unwrap();
-    std::fs::write(dir.join("boot_id"), "boot-a\n").unwrap();
+    common::offline_dir(dir);
     let d = |p: &str| dir.join(p).display().to_string();
     let cli = Cli::try_parse_from([
         "dra-plugin",
@@ -94,7 +94,7 @@ fn claim(
                 "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": sharing}}}]
         }}}
     });
-    std::fs::write(dir.join(format!("claims/ns_{name}.json")), obj.to_string()).unwrap();
+    common::put_claim(dir, &obj);
     v1::Claim {
         namespace: "ns".into(),
         uid: uid.into(),

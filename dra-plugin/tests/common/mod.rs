@@ -1,8 +1,31 @@
-//! Shared by the socket-level tests: the plugin's arguments for an offline, simulated node whose
-//! directories all live under one temp dir.
+//! Shared by the socket-level tests: an offline, simulated node whose directories all live under
+//! one temp dir, its arguments, and the claims its offline claim source reads.
+// Each test file uses a part of this.
+#![allow(dead_code)]
 use std::path::Path;
 
 use dra_plugin::cli::{Backend, DeviceArgs, RunArgs};
+use dra_plugin::kube::claims::FileClaims;
+
+/// Makes `dir` an offline node's root: its claims directory, and a boot ID unless one is there
+/// (a test may have written another to play a reboot).
+pub fn offline_dir(dir: &Path) {
+    std::fs::create_dir_all(dir.join("claims")).unwrap();
+    if !dir.join("boot_id").exists() {
+        std::fs::write(dir.join("boot_id"), "boot-a\n").unwrap();
+    }
+}
+
+/// Puts a ResourceClaim object where the offline claim source looks for it.
+pub fn put_claim(dir: &Path, claim: &serde_json::Value) {
+    let meta = &claim["metadata"];
+    let path = FileClaims::path_for(
+        &dir.join("claims"),
+        meta["namespace"].as_str().expect("claim namespace"),
+        meta["name"].as_str().expect("claim name"),
+    );
+    std::fs::write(path, claim.to_string()).unwrap();
+}
 
 pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>) -> RunArgs {
     RunArgs {
