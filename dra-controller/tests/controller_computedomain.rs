@@ -6,11 +6,9 @@ use dra_controller::controller::computedomain::{
     Ctx, DaemonImage, aggregate, error_policy, reconcile,
 };
 use dra_controller::controller::crd::{ComputeDomain, ComputeDomainNode, DomainStatus};
-use dra_controller::controller::metrics::Metrics;
 use dra_controller::controller::{Error, labels};
-use http::{Method, Request, Response};
+use http::Method;
 use k8s_openapi::api::core::v1::Pod;
-use kube::client::Body;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
@@ -28,10 +26,7 @@ const DAEMON_DS: &str = "/apis/apps/v1/namespaces/gpu-dra/daemonsets/compute-dom
 const DAEMON_PODS: &str = "/api/v1/namespaces/gpu-dra/pods";
 
 fn ctx() -> (Arc<Ctx>, Handle) {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(svc, "default");
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Arc::new(Metrics::new(&mut registry));
+    let (client, handle, metrics) = controller_mock::client();
     (
         Arc::new(Ctx {
             client,

@@ -4,10 +4,8 @@ use std::time::Duration;
 
 use dra_controller::controller::crd::GPUCluster;
 use dra_controller::controller::gpucluster::{Ctx, error_policy, reconcile};
-use dra_controller::controller::metrics::Metrics;
 use dra_controller::controller::{Error, labels};
-use http::{Method, Request, Response};
-use kube::client::Body;
+use http::Method;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
 
@@ -15,10 +13,7 @@ mod controller_mock;
 use controller_mock::{Call, Handle, Reply, call, list, serve};
 
 fn ctx() -> (Arc<Ctx>, Handle) {
-    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let client = kube::Client::new(svc, "default");
-    let mut registry = prometheus_client::registry::Registry::default();
-    let metrics = Arc::new(Metrics::new(&mut registry));
+    let (client, handle, metrics) = controller_mock::client();
     (
         Arc::new(Ctx {
             client,

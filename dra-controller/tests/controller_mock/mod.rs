@@ -7,6 +7,21 @@ use tokio::task::JoinHandle;
 
 pub type Handle = tower_test::mock::Handle<Request<Body>, Response<Body>>;
 
+/// A client whose requests go to the returned handle, and fresh metrics, for a reconciler's Ctx.
+pub fn client() -> (
+    kube::Client,
+    Handle,
+    std::sync::Arc<dra_controller::controller::metrics::Metrics>,
+) {
+    let (svc, handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let client = kube::Client::new(svc, "default");
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = std::sync::Arc::new(dra_controller::controller::metrics::Metrics::new(
+        &mut registry,
+    ));
+    (client, handle, metrics)
+}
+
 /// One expected request and the answer to give.
 pub struct Call {
     pub method: Method,
