@@ -37,6 +37,23 @@ async fn mock_root(env: &Env, node: &str, profile: &str, dir: &Path) -> Result<(
     Ok(())
 }
 
+/// A node whose plugin runs the NVML backend on the mock driver root `root`, with dynamic MIG.
+async fn add_dynamic_mig_node(env: &mut Env, node: &str, root: &Path) -> Result<()> {
+    env.add_node(
+        node,
+        &[
+            "--backend",
+            "nvml",
+            "--driver-root",
+            root.to_str().context("driver root path")?,
+            "--feature-gates",
+            "DynamicMIG=true",
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
 /// The mock's MIG state: `gpu <minor> <current> <pending>`, `gi <minor> <id> <profile> <start>`,
 /// `ci ...` lines.
 fn mig_state(dir: &Path) -> Result<Vec<String>> {
@@ -60,18 +77,7 @@ async fn nvml1_mock_nvml_node_dynamic_mig_inference() -> Result<()> {
         .to_string();
 
     let root = mock.join("root");
-    env.add_node(
-        node,
-        &[
-            "--backend",
-            "nvml",
-            "--driver-root",
-            root.to_str().context("driver root path")?,
-            "--feature-gates",
-            "DynamicMIG=true",
-        ],
-    )
-    .await?;
+    add_dynamic_mig_node(&mut env, node, &root).await?;
     let log = std::fs::read_to_string(env.node(node).dirs.root.join("plugin.log"))?;
     let lib = root.join("usr/lib64/libnvidia-ml.so.1");
     ensure!(
@@ -193,18 +199,7 @@ async fn nvml2_kill9_during_prepares_no_leak_no_double() -> Result<()> {
     let mock = env.work.join("nodes").join(node).join("mock-nvml");
     mock_root(&env, node, "h100-80gb:2", &mock).await?;
     let root = mock.join("root");
-    env.add_node(
-        node,
-        &[
-            "--backend",
-            "nvml",
-            "--driver-root",
-            root.to_str().context("driver root path")?,
-            "--feature-gates",
-            "DynamicMIG=true",
-        ],
-    )
-    .await?;
+    add_dynamic_mig_node(&mut env, node, &root).await?;
     env.create_from_yaml(
         r#"
 apiVersion: resource.k8s.io/v1
