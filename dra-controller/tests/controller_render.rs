@@ -209,7 +209,7 @@ fn disabled_healthcheck_turns_the_health_server_off_and_user_env_overrides() {
     let args = parse(c);
     assert_eq!(args.healthcheck_port, 0);
     assert_eq!(args.device.backend, Backend::Simulated);
-    assert_eq!(args.device.profiles, ["h100-80gb:2"]);
+    assert_eq!(args.device.hardware.profiles, ["h100-80gb:2"]);
     let names: Vec<_> = c.env.as_ref().unwrap().iter().map(|e| &e.name).collect();
     assert_eq!(
         names.iter().filter(|n| **n == "DEVICE_BACKEND").count(),

@@ -34,6 +34,17 @@ pub enum Backend {
     Simulated,
 }
 
+/// The GPUs of a simulated node, or of the NVML mock built to match one.
+#[derive(Args, Debug, Clone, Default)]
+pub struct HardwareArgs {
+    /// Simulated GPUs as `<profile>[:count]`, e.g. `h100-80gb:8`; repeat for mixed nodes.
+    #[arg(long = "profile", env = "SIMULATED_PROFILES", value_delimiter = ',')]
+    pub profiles: Vec<String>,
+    /// Simulated hardware from a YAML file (`gpus: [{profile, count, migLayout}]`).
+    #[arg(long, env = "SIMULATED_HARDWARE_FILE", conflicts_with = "profiles")]
+    pub hardware_file: Option<PathBuf>,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct DeviceArgs {
     /// Name of this node: the pool name and spec.nodeName of the published slices.
@@ -48,12 +59,8 @@ pub struct DeviceArgs {
     /// Where GPUs come from.
     #[arg(long, env = "DEVICE_BACKEND", value_enum, default_value = "nvml")]
     pub backend: Backend,
-    /// Simulated GPUs as `<profile>[:count]`, e.g. `h100-80gb:8`; repeat for mixed nodes.
-    #[arg(long = "profile", env = "SIMULATED_PROFILES", value_delimiter = ',')]
-    pub profiles: Vec<String>,
-    /// Simulated hardware from a YAML file (`gpus: [{profile, count, migLayout}]`).
-    #[arg(long, env = "SIMULATED_HARDWARE_FILE", conflicts_with = "profiles")]
-    pub hardware_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub hardware: HardwareArgs,
     /// Static MIG layout of simulated GPUs: `disabled`, `all-<profile>` (e.g. `all-1g.10gb`),
     /// `all-balanced`, or an explicit list such as `3g.40gb,2g.20gb,1g.10gb`. Ignored with DynamicMIG.
     #[arg(long, env = "SIMULATED_MIG_LAYOUT")]

@@ -40,14 +40,15 @@ pub fn build_backend(
 ) -> anyhow::Result<Arc<dyn DeviceBackend>> {
     Ok(match args.backend {
         Backend::Simulated => {
-            let (groups, default_layout) = match &args.hardware_file {
+            let (groups, default_layout) = match &args.hardware.hardware_file {
                 Some(path) => (HardwareFile::load(path)?.gpus, args.mig_layout.clone()),
                 None => {
                     anyhow::ensure!(
-                        !args.profiles.is_empty(),
+                        !args.hardware.profiles.is_empty(),
                         "--backend simulated needs --profile (e.g. h100-80gb:8) or --hardware-file"
                     );
                     let groups = args
+                        .hardware
                         .profiles
                         .iter()
                         .map(|p| GpuGroup::parse(p))

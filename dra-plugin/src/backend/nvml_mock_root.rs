@@ -39,7 +39,7 @@ use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::profiles::{self, MigProfile};
 use gpu_dra_api::simulated::{SIM_CUDA_DRIVER_VERSION, sim_mig_uuid};
 
-use crate::cli::{Backend, DeviceArgs};
+use crate::cli::{Backend, DeviceArgs, HardwareArgs};
 
 /// `dra-plugin mock-nvml-root`: the hardware flags of the simulated backend, and where to write.
 #[derive(Args, Debug)]
@@ -47,12 +47,8 @@ pub struct MockRootArgs {
     /// Name of the node the GPUs' identities derive from (same UUIDs as the simulated backend's).
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
-    /// GPUs as `<profile>[:count]`, e.g. `h100-80gb:8`; repeat for mixed nodes.
-    #[arg(long = "profile", env = "SIMULATED_PROFILES", value_delimiter = ',')]
-    pub profiles: Vec<String>,
-    /// GPUs from a YAML file (`gpus: [{profile, count, migLayout}]`).
-    #[arg(long, env = "SIMULATED_HARDWARE_FILE", conflicts_with = "profiles")]
-    pub hardware_file: Option<PathBuf>,
+    #[command(flatten)]
+    pub hardware: HardwareArgs,
     /// Static MIG layout the mock starts with (`all-1g.10gb`, `3g.40gb,2g.20gb`, ...); none: MIG
     /// mode off, as for DynamicMIG.
     #[arg(long, env = "SIMULATED_MIG_LAYOUT")]
@@ -337,8 +333,7 @@ pub fn run(args: MockRootArgs) -> anyhow::Result<()> {
         driver_name: gpu_dra_api::DRIVER_NAME.to_string(),
         feature_gates: String::new(),
         backend: Backend::Simulated,
-        profiles: args.profiles.clone(),
-        hardware_file: args.hardware_file.clone(),
+        hardware: args.hardware.clone(),
         mig_layout: args.mig_layout.clone(),
         driver_root: None,
     };

@@ -4,7 +4,7 @@
 #![allow(dead_code)]
 use std::path::Path;
 
-use dra_plugin::cli::{Backend, DeviceArgs, RunArgs};
+use dra_plugin::cli::{Backend, DeviceArgs, HardwareArgs, RunArgs};
 use dra_plugin::kube::claims::FileClaims;
 
 /// Makes `dir` an offline node's root: its claims directory, and a boot ID unless one is there
@@ -34,8 +34,10 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
             driver_name: "gpu.nvidia.com".into(),
             feature_gates: gates.into(),
             backend: Backend::Simulated,
-            profiles: vec![profile.into()],
-            hardware_file: None,
+            hardware: HardwareArgs {
+                profiles: vec![profile.into()],
+                hardware_file: None,
+            },
             mig_layout: layout.map(str::to_string),
             driver_root: None,
         },
