@@ -357,7 +357,10 @@ async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     );
     p.stop().await;
 
-    std::fs::write(dir.path().join("plugin/checkpoint.json"), "{garbage").unwrap();
+    // Both files of the checkpoint unreadable (one alone would leave the other's state to load).
+    for f in ["checkpoint.json", "checkpoint.json.alt"] {
+        std::fs::write(dir.path().join("plugin").join(f), "{garbage").unwrap();
+    }
     let p = start(dir.path()).await;
     let after = p
         .v1()
@@ -374,7 +377,7 @@ async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
         .filter_map(|e| e.ok()?.file_name().into_string().ok())
         .filter(|n| n.contains("corrupt"))
         .collect();
-    assert_eq!(aside.len(), 1, "the corrupt file is kept for inspection");
+    assert_eq!(aside.len(), 2, "the corrupt files are kept for inspection");
     p.stop().await;
 
     // A reboot (new boot ID) drops prepared state: the kubelet prepares again.

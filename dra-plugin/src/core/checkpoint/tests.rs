@@ -104,7 +104,7 @@ async fn fields_from_a_newer_version_are_tolerated_and_kept() {
     cp.update(|c| c.get_mut("u1").unwrap().name = "renamed".into())
         .await
         .unwrap();
-    let reread = decode(&std::fs::read(&path).unwrap()).unwrap();
+    let reread = read_newest(&path).unwrap();
     assert_eq!(
         reread.claims["u1"].unknown["futureField"],
         serde_json::json!([1, 2])
@@ -133,10 +133,7 @@ async fn concurrent_updates_all_reach_disk() {
     for t in tasks {
         t.await.unwrap().unwrap();
     }
-    assert_eq!(
-        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
-        64
-    );
+    assert_eq!(read_newest(&path).unwrap().claims.len(), 64);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -188,10 +185,7 @@ async fn side_files_ride_the_group_commit_and_fail_alone() {
         }
     }
     // The records went to disk either way: the caller rolls back a claim whose file failed.
-    assert_eq!(
-        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
-        32
-    );
+    assert_eq!(read_newest(&path).unwrap().claims.len(), 32);
     assert!(
         std::fs::read_dir(dir.path().join("cdi"))
             .unwrap()
@@ -230,6 +224,159 @@ async fn a_caller_gone_mid_flush_does_not_stall_the_others() {
         .expect("the next update does not wait for a flush nobody finishes")
         .unwrap();
     }
-    let on_disk = decode(&std::fs::read(&path).unwrap()).unwrap().claims;
+    let on_disk = read_newest(&path).unwrap().claims;
     assert!((0..20).all(|r| on_disk.contains_key(&format!("b{r}"))));
+}
+
+#[tokio::test]
+async fn writes_alternate_between_two_files_and_loading_takes_the_newest() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    for i in 0..5 {
+        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
+            .await
+            .unwrap();
+    }
+    drop(cp);
+    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    let b = decode(&std::fs::read(alternate(&path)).unwrap()).unwrap();
+    assert_eq!(
+        (a.seq, b.seq),
+        (5, 4),
+        "odd writes to the first file, even to the second"
+    );
+    assert_eq!((a.claims.len(), b.claims.len()), (5, 4));
+    let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded);
+    assert_eq!(cp.claims().len(), 5);
+    // The next write goes to the older file, keeping the newest as it is.
+    cp.update(|c| c.remove("u0")).await.unwrap();
+    let b = decode(&std::fs::read(alternate(&path)).unwrap()).unwrap();
+    assert_eq!((b.seq, b.claims.len()), (6, 4));
+    assert_eq!(decode(&std::fs::read(&path).unwrap()).unwrap().seq, 5);
+}
+
+#[tokio::test]
+async fn a_write_torn_by_a_crash_falls_back_to_the_write_before_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    for i in 0..3 {
+        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
+            .await
+            .unwrap();
+    }
+    drop(cp);
+    // The third write went to the first file; tear it half-way through the records (the rest of
+    // the file as a power loss may leave it: zeros).
+    let mut bytes = std::fs::read(&path).unwrap();
+    let json = bytes.iter().rposition(|&b| b == b'}').unwrap();
+    bytes[json / 2..].fill(0);
+    std::fs::write(&path, &bytes).unwrap();
+    let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded);
+    assert_eq!(
+        cp.claims().keys().cloned().collect::<Vec<_>>(),
+        ["u0", "u1"],
+        "the second write, from the other file"
+    );
+    // The torn file is the one overwritten next, and then it is the newest.
+    cp.update(|c| c.insert("u9".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .unwrap();
+    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!((a.seq, a.claims.len()), (3, 3));
+}
+
+#[tokio::test]
+async fn files_grow_and_shrink_with_the_records_and_stay_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    let len = |p: &Path| std::fs::metadata(p).unwrap().len();
+    for i in 0..200 {
+        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
+            .await
+            .unwrap();
+        for p in [path.clone(), alternate(&path)] {
+            if p.exists() {
+                assert!(len(&p).is_power_of_two() && len(&p) >= 4096);
+                decode(&std::fs::read(&p).unwrap()).unwrap();
+            }
+        }
+    }
+    let big = len(&path);
+    assert!(big >= 32 * 1024, "{big}");
+    for i in (0..200).rev() {
+        cp.update(|c| c.remove(&format!("u{i}"))).await.unwrap();
+        for p in [path.clone(), alternate(&path)] {
+            let data = decode(&std::fs::read(&p).unwrap()).unwrap();
+            assert!(data.claims.len() <= i + 1);
+        }
+    }
+    assert_eq!(
+        len(&path),
+        4096,
+        "shrunk back once the records fit a quarter"
+    );
+    drop(cp);
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert!(cp.claims().is_empty());
+}
+
+#[tokio::test]
+async fn a_checkpoint_from_before_the_second_file_loads_and_moves_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    // As versions before the second file wrote it: no `seq`, no padding, no alternate.
+    let data = r#"{"nodeBootID":"boot-1","claims":{"u1":{"state":"PrepareCompleted","namespace":"ns","name":"c","devices":[]}}}"#;
+    let file = format!(
+        r#"{{"version":1,"checksum":"{}","data":{data}}}"#,
+        checksum(data.as_bytes())
+    );
+    std::fs::write(&path, file).unwrap();
+    let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(outcome, LoadOutcome::Loaded);
+    cp.update(|c| c.insert("u2".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .unwrap();
+    drop(cp);
+    assert_eq!(
+        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        1,
+        "the old file is kept until the next write"
+    );
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    assert_eq!(cp.claims().len(), 2);
+}
+
+#[tokio::test]
+async fn a_failed_write_never_overwrites_the_newest_good_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    cp.update(|c| c.insert("u1".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .unwrap();
+    // The second file cannot be opened for writing.
+    std::fs::create_dir(alternate(&path)).unwrap();
+    cp.update(|c| c.insert("u2".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .expect_err("the alternate file is a directory");
+    assert_eq!(
+        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        1,
+        "the newest good file is untouched"
+    );
+    std::fs::remove_dir(alternate(&path)).unwrap();
+    cp.update(|c| c.insert("u3".into(), record(ClaimState::PrepareCompleted)))
+        .await
+        .unwrap();
+    let b = decode(&std::fs::read(alternate(&path)).unwrap()).unwrap();
+    assert_eq!(b.claims.len(), 3);
+    assert_eq!(
+        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        1
+    );
 }
