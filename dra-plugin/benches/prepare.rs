@@ -4,6 +4,9 @@
 //! writes) as a child process, drives N concurrent claims through R prepare/unprepare rounds each
 //! over one shared HTTP/2 connection (as the kubelet keeps one per plugin; a bare hyper connection,
 //! so the load generator costs little of the cores it shares), and prints p50/p99 per call,
+//! in two modes: `loop` (each claim's client prepares and unprepares back to back: the plugin
+//! saturated, so latency is N over throughput) and `burst` (all N prepares issued at once, then all
+//! N unprepares, as when N pods land on the node together),
 //! CPU per pair (plugin and load generator, which share this machine's cores) and the child's peak
 //! RSS (VmHWM). Figures, not assertions. BENCH_ROUNDS=R, BENCH_ONLY=<label text>, BENCH_DIST=1
 //! (percentiles), DRA_PLUGIN_BIN=<another build, e.g. with frame pointers for profiling>.
@@ -50,8 +53,17 @@ async fn h2_connect(sock: &Path) -> H2 {
     H2(send)
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// N clients back to back: throughput-bound, latency is N / throughput.
+    Loop,
+    /// N calls at once per round, as when N pods land on the node together.
+    Burst,
+}
+
 struct Run {
     label: &'static str,
+    mode: Mode,
     profiles: &'static [&'static str],
     layout: &'static str,
     gates: &'static str,
@@ -182,45 +194,10 @@ async fn bench(run: Run, rounds: usize) {
     let own_before = cpu_time(std::process::id());
     let channel = h2_connect(&sock).await;
     let origin: http::Uri = "http://localhost".parse().unwrap();
-    let tasks: Vec<_> = claims
-        .into_iter()
-        .map(|c| {
-            let (channel, origin) = (channel.clone(), origin.clone());
-            tokio::spawn(async move {
-                let mut client = DraPluginClient::with_origin(channel, origin);
-                let (mut prep, mut unprep) = (Vec::new(), Vec::new());
-                for _ in 0..rounds {
-                    let t = Instant::now();
-                    let r = client
-                        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                            claims: vec![c.clone()],
-                        })
-                        .await
-                        .unwrap()
-                        .into_inner();
-                    prep.push(t.elapsed());
-                    assert_eq!(r.claims[&c.uid].error, "", "prepare failed");
-                    let t = Instant::now();
-                    let r = client
-                        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                            claims: vec![c.clone()],
-                        })
-                        .await
-                        .unwrap()
-                        .into_inner();
-                    unprep.push(t.elapsed());
-                    assert_eq!(r.claims[&c.uid].error, "", "unprepare failed");
-                }
-                (prep, unprep)
-            })
-        })
-        .collect();
-    let (mut prep, mut unprep) = (Vec::new(), Vec::new());
-    for t in tasks {
-        let (p, u) = t.await.unwrap();
-        prep.extend(p);
-        unprep.extend(u);
-    }
+    let (mut prep, mut unprep) = match run.mode {
+        Mode::Loop => drive_loop(&channel, &origin, claims, rounds).await,
+        Mode::Burst => drive_bursts(&channel, &origin, claims, rounds).await,
+    };
     let wall = wall.elapsed();
     let plugin_cpu = cpu_time(child.id()) - cpu_before;
     let client_cpu = cpu_time(std::process::id()) - own_before;
@@ -244,8 +221,12 @@ async fn bench(run: Run, rounds: usize) {
     let _ = child.wait();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
     println!(
-        "{:<44} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  CPU/pair plugin={:.0}us client={:.0}us  peak RSS={:.1} MiB",
+        "{:<44} {:<5} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  CPU/pair plugin={:.0}us client={:.0}us  peak RSS={:.1} MiB",
         run.label,
+        match run.mode {
+            Mode::Loop => "loop",
+            Mode::Burst => "burst",
+        },
         run.devices.len(),
         prep.len(),
         ms(percentile(&prep, 0.5)),
@@ -257,6 +238,103 @@ async fn bench(run: Run, rounds: usize) {
         client_cpu.as_secs_f64() * 1e6 / prep.len() as f64,
         rss as f64 / 1024.0
     );
+}
+
+/// Each claim its own client looping prepare, unprepare with no pause: the plugin saturated.
+async fn drive_loop(
+    channel: &H2,
+    origin: &http::Uri,
+    claims: Vec<v1::Claim>,
+    rounds: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let tasks: Vec<_> = claims
+        .into_iter()
+        .map(|c| {
+            let mut client = DraPluginClient::with_origin(channel.clone(), origin.clone());
+            tokio::spawn(async move {
+                let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+                for _ in 0..rounds {
+                    prep.push(prepare(&mut client, &c).await);
+                    unprep.push(unprepare(&mut client, &c).await);
+                }
+                (prep, unprep)
+            })
+        })
+        .collect();
+    let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (p, u) = t.await.unwrap();
+        prep.extend(p);
+        unprep.extend(u);
+    }
+    (prep, unprep)
+}
+
+/// Every claim's prepare issued at once, each its own call (64 pods admitted together), then
+/// every unprepare at once; `rounds` times.
+async fn drive_bursts(
+    channel: &H2,
+    origin: &http::Uri,
+    claims: Vec<v1::Claim>,
+    rounds: usize,
+) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut prep, mut unprep) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        for unprepare_now in [false, true] {
+            let calls: Vec<_> = claims
+                .iter()
+                .map(|c| {
+                    let mut client = DraPluginClient::with_origin(channel.clone(), origin.clone());
+                    let c = c.clone();
+                    tokio::spawn(async move {
+                        match unprepare_now {
+                            false => prepare(&mut client, &c).await,
+                            true => unprepare(&mut client, &c).await,
+                        }
+                    })
+                })
+                .collect();
+            let out = if unprepare_now {
+                &mut unprep
+            } else {
+                &mut prep
+            };
+            for call in calls {
+                out.push(call.await.unwrap());
+            }
+        }
+    }
+    (prep, unprep)
+}
+
+type Client = DraPluginClient<H2>;
+
+async fn prepare(client: &mut Client, c: &v1::Claim) -> Duration {
+    let t = Instant::now();
+    let r = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let took = t.elapsed();
+    assert_eq!(r.claims[&c.uid].error, "", "prepare failed");
+    took
+}
+
+async fn unprepare(client: &mut Client, c: &v1::Claim) -> Duration {
+    let t = Instant::now();
+    let r = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let took = t.elapsed();
+    assert_eq!(r.claims[&c.uid].error, "", "unprepare failed");
+    took
 }
 
 fn mig_devices(gpus: u32) -> Vec<String> {
@@ -285,52 +363,56 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        bench(
+        let mut mixed = mig_devices(8);
+        mixed.extend((8..16).map(|g| format!("gpu-{g}")));
+        let cases = [
             Run {
                 label: "8x H100 80GB, whole GPUs",
+                mode: Mode::Loop,
                 profiles: &["h100-80gb:8"],
                 layout: "disabled",
                 gates: "",
                 devices: (0..8).map(|g| format!("gpu-{g}")).collect(),
             },
-            rounds,
-        )
-        .await;
-        bench(
             Run {
                 label: "8x H100 80GB, all-1g.10gb (56 MIG devices)",
+                mode: Mode::Loop,
                 profiles: &["h100-80gb:8"],
                 layout: "all-1g.10gb",
                 gates: "",
                 devices: mig_devices(8),
             },
-            rounds,
-        )
-        .await;
-        let mut devices = mig_devices(8);
-        devices.extend((8..16).map(|g| format!("gpu-{g}")));
-        bench(
             Run {
                 label: "8x H100 all-1g.10gb + 8x L4 (64 devices)",
+                mode: Mode::Loop,
                 profiles: &["h100-80gb:8", "l4:8"],
                 layout: "all-1g.10gb",
                 gates: "",
-                devices,
+                devices: mixed,
             },
-            rounds,
-        )
-        .await;
-        // Dynamic MIG: every prepare creates the instance, every unprepare destroys it.
-        bench(
+            // Dynamic MIG: every prepare creates the instance, every unprepare destroys it.
             Run {
                 label: "8x H100 80GB, DynamicMIG, 1g.10gb created on demand",
+                mode: Mode::Loop,
                 profiles: &["h100-80gb:8"],
                 layout: "disabled",
                 gates: "DynamicMIG=true",
                 devices: mig_devices(8),
             },
-            rounds,
-        )
-        .await;
+        ];
+        for run in cases {
+            for mode in [Mode::Loop, Mode::Burst] {
+                let devices = run.devices.clone();
+                bench(
+                    Run {
+                        mode,
+                        devices,
+                        ..run
+                    },
+                    rounds,
+                )
+                .await;
+            }
+        }
     });
 }
