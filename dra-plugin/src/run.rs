@@ -352,6 +352,10 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
 
     wait(shutdown).await;
     servers.stop().await;
+    // No more calls: leave the newest state where a previous version would look for it.
+    if let Err(e) = state.checkpoint().settle().await {
+        warn!(error = %e, "could not settle the checkpoint");
+    }
     Ok(())
 }
 
@@ -478,12 +482,16 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
         let (_contents_tx, contents_rx) = watch::channel(pool_contents());
         let publisher = Publisher::new(client.clone(), opts, metrics.clone());
         tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
-        tokio::spawn(cleanup_loop(client, state, shutdown.clone()));
+        tokio::spawn(cleanup_loop(client, state.clone(), shutdown.clone()));
         wait(shutdown).await;
     } else {
         wait(shutdown).await;
     }
     servers.stop().await;
+    // No more calls: leave the newest state where a previous version would look for it.
+    if let Err(e) = state.checkpoint().settle().await {
+        warn!(error = %e, "could not settle the checkpoint");
+    }
     Ok(())
 }
 

@@ -313,6 +313,32 @@ async fn concurrent_calls_for_different_claims() {
 }
 
 #[tokio::test]
+async fn a_clean_stop_leaves_the_newest_checkpoint_in_the_first_file() {
+    use dra_plugin::core::checkpoint::{decode, read_newest};
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(dir.path()).await;
+    for (name, uid, dev) in [("a", "uid-a", "gpu-1"), ("b", "uid-b", "gpu-2")] {
+        let c = claim(dir.path(), name, uid, &[("gpu", dev)]);
+        let r = p
+            .v1()
+            .await
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![c] })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.claims[uid].error, "");
+    }
+    p.stop().await;
+    // Two writes: the second went to checkpoint.json.alt, so stopping wrote the first file again,
+    // which is all a version from before the alternate file reads.
+    let cp = dir.path().join("plugin/checkpoint.json");
+    let first = decode(&std::fs::read(&cp).unwrap()).unwrap();
+    assert_eq!(first.seq, 3);
+    assert_eq!(first, read_newest(&cp).unwrap());
+    assert_eq!(first.claims.keys().collect::<Vec<_>>(), ["uid-a", "uid-b"]);
+}
+
+#[tokio::test]
 async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     let dir = tempfile::tempdir().unwrap();
     let p = start(dir.path()).await;

@@ -154,6 +154,8 @@ struct Slots {
     filled: [u64; 2],
     /// The file the next write goes to: never the one holding the newest write on disk.
     next: usize,
+    /// The file holding the newest write on disk, if any.
+    newest: Option<usize>,
 }
 
 /// What a flush, which runs to its end on the blocking pool even when its caller goes away,
@@ -187,6 +189,7 @@ impl Checkpoint {
             })
             .max_by_key(|&(i, seq)| (seq, std::cmp::Reverse(i)))
             .map(|(i, _)| i);
+        let loaded_from = newest;
         let (mut data, outcome, next) = match newest {
             Some(i) => {
                 let Some(Ok(data)) = read.swap_remove(i) else {
@@ -248,6 +251,7 @@ impl Checkpoint {
                     len: [0; 2],
                     filled: [0; 2],
                     next,
+                    newest: loaded_from,
                 }),
             }),
         };
@@ -347,6 +351,17 @@ impl Checkpoint {
         flushed.map(|()| result)
     }
 
+    /// Leaves the newest state in the first file (one more write when it is in the alternate),
+    /// so that a version from before the second file, started after this one stops, reads it.
+    /// For shutdown, after the last update.
+    pub async fn settle(&self) -> Result<(), Error> {
+        let in_alternate = self.shared.slots.lock().expect("checkpoint slots").newest == Some(1);
+        if in_alternate {
+            self.update(|_| ()).await?;
+        }
+        Ok(())
+    }
+
     async fn flush_until(&self, generation: u64) -> Result<(), Error> {
         let mut flushes = self.shared.flushed.subscribe();
         loop {
@@ -416,7 +431,10 @@ impl Slots {
         let i = self.next;
         let written = self.write_to(i, bytes);
         match written {
-            Ok(()) => self.next = 1 - i,
+            Ok(()) => {
+                self.newest = Some(i);
+                self.next = 1 - i;
+            }
             Err(_) => self.files[i] = None,
         }
         written

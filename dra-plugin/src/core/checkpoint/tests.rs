@@ -380,3 +380,31 @@ async fn a_failed_write_never_overwrites_the_newest_good_file() {
         1
     );
 }
+
+#[tokio::test]
+async fn settling_leaves_the_newest_state_in_the_first_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    cp.settle().await.unwrap();
+    assert!(!path.exists(), "nothing written, nothing to settle");
+    for i in 0..2 {
+        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
+            .await
+            .unwrap();
+    }
+    // The second write went to the alternate file: settling writes the first one again.
+    cp.settle().await.unwrap();
+    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!((a.seq, a.claims.len()), (3, 2));
+    // Now the first file is the newest: nothing more to write.
+    cp.settle().await.unwrap();
+    assert_eq!(decode(&std::fs::read(&path).unwrap()).unwrap().seq, 3);
+    drop(cp);
+    // The same after a restart that loaded from the alternate file.
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    cp.update(|c| c.remove("u0")).await.unwrap();
+    cp.settle().await.unwrap();
+    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!((a.seq, a.claims.len()), (5, 1));
+}
