@@ -81,11 +81,13 @@ impl MockNode {
         writeln!(f, "{line}").unwrap();
     }
 
-    /// The mock's MIG state file: `gi <minor> <gi id> <profile id> <start>` lines and more.
+    /// The mock's MIG state file: `gi <minor> <gi id> <profile id> <start>` lines and more, up to
+    /// its `end` line.
     pub fn state_lines(&self) -> Vec<String> {
         std::fs::read_to_string(&self.state)
             .unwrap_or_default()
             .lines()
+            .take_while(|l| *l != "end")
             .map(str::to_string)
             .collect()
     }

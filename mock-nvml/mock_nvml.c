@@ -330,6 +330,7 @@ static void load_state(void) {
     while (fgets(line, sizeof line, f)) {
         unsigned minor, a, b, c;
         struct gpu *g;
+        if (strcmp(line, "end\n") == 0) break; /* what follows is the tail of a longer old state */
         if (sscanf(line, "gpu %u %u %u", &minor, &a, &b) == 3 && (g = gpu_by_minor(minor))) {
             g->mig_cur = a;
             g->mig_pend = b;
@@ -377,9 +378,15 @@ static void save_state(void) {
                             g->gi[k].ci[c].start);
         }
     }
+    fputs("end\n", m);
     fclose(m);
-    if (ftruncate(state_fd, 0) == 0 && pwrite(state_fd, buf, len, 0) != (ssize_t)len)
+    /* Overwrite, then cut: a process killed in between (kill -9 of the plugin mid-create) leaves
+     * the new state and an ignored tail, never an empty file that would read as a GPU that lost
+     * its MIG instances. The state is well under a page, so the write itself is not torn. */
+    if (pwrite(state_fd, buf, len, 0) != (ssize_t)len)
         fprintf(stderr, "mock-nvml: short write of the state file\n");
+    else if (ftruncate(state_fd, (off_t)len) != 0)
+        fprintf(stderr, "mock-nvml: could not truncate the state file\n");
     free(buf);
 }
 

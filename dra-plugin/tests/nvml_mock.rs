@@ -235,6 +235,28 @@ fn a_separate_process_sees_the_same_mig_state() {
 }
 
 #[test]
+fn a_state_file_left_by_a_kill_mid_save_keeps_the_new_state() {
+    if !can_build() {
+        return;
+    }
+    let inv = simulate_node("node-1", &[GpuGroup::parse("a100-80gb:1").unwrap()], None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = MockNode::new(dir.path(), &inv);
+    let a = nvml(&node);
+    let made = a.create_mig(0, 14, 2).unwrap();
+    // Killed between overwriting the state and cutting it to length: the new state, its end
+    // line, then the tail of a longer old state, which must not come back as instances.
+    let mut text = std::fs::read_to_string(&node.state).unwrap();
+    assert!(text.ends_with("end\n"), "{text}");
+    text.push_str("gi 0 9 14 0\nci 0 9 0 0 0\n");
+    std::fs::write(&node.state, text).unwrap();
+    assert_eq!(
+        a.discover().unwrap().gpus[0].mig.as_ref().unwrap().devices,
+        vec![made]
+    );
+}
+
+#[test]
 fn mig_mode_that_needs_a_reset_is_reported_not_assumed() {
     if !can_build() {
         return;

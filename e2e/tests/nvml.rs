@@ -55,11 +55,15 @@ async fn add_dynamic_mig_node(env: &mut Env, node: &str, root: &Path) -> Result<
 }
 
 /// The mock's MIG state: `gpu <minor> <current> <pending>`, `gi <minor> <id> <profile> <start>`,
-/// `ci ...` lines.
+/// `ci ...` lines, up to its `end` line.
 fn mig_state(dir: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(dir.join("mig-state"))
         .with_context(|| format!("reading {}/mig-state", dir.display()))?;
-    Ok(text.lines().map(str::to_string).collect())
+    Ok(text
+        .lines()
+        .take_while(|l| *l != "end")
+        .map(str::to_string)
+        .collect())
 }
 
 #[tokio::test]
