@@ -152,9 +152,7 @@ struct Slots {
     /// The file's length, and how much of it the last write filled before the blanks.
     len: [u64; 2],
     filled: [u64; 2],
-    /// The file the next write goes to: never the one holding the newest write on disk.
-    next: usize,
-    /// The file holding the newest write on disk, if any.
+    /// The file holding the newest write on disk, if any; the next write goes to the other one.
     newest: Option<usize>,
 }
 
@@ -173,41 +171,27 @@ impl Checkpoint {
     /// Loads (or starts) the checkpoint at `path` (and its alternate file) for the running boot.
     pub fn load(path: &Path, boot_id: &str) -> Result<(Self, LoadOutcome), Error> {
         let paths = [path.to_path_buf(), alternate(path)];
-        let mut read = Vec::new();
-        for p in &paths {
-            read.push(match std::fs::read(p) {
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-                Err(e) => return Err(Error::io("reading the checkpoint", p, e)),
-                Ok(bytes) => Some(decode(&bytes)),
-            });
-        }
-        // The newest file that checks out; the other is older or was torn by a crash mid-write.
-        let newest = (0..2)
-            .filter_map(|i| match &read[i] {
-                Some(Ok(data)) => Some((i, data.seq)),
-                _ => None,
-            })
-            .max_by_key(|&(i, seq)| (seq, std::cmp::Reverse(i)))
-            .map(|(i, _)| i);
-        let loaded_from = newest;
-        let (mut data, outcome, next) = match newest {
+        let mut read =
+            read_files(&paths).map_err(|(p, e)| Error::io("reading the checkpoint", p, e))?;
+        let newest = newest_readable(&read);
+        let (mut data, outcome) = match newest {
             Some(i) => {
                 let Some(Ok(data)) = read.swap_remove(i) else {
                     unreachable!("checked above")
                 };
                 if data.node_boot_id.is_empty() || data.node_boot_id == boot_id {
-                    (data, LoadOutcome::Loaded, 1 - i)
+                    (data, LoadOutcome::Loaded)
                 } else {
                     let dropped = data.claims.keys().cloned().collect();
                     let fresh = CheckpointData {
                         seq: data.seq,
                         ..Default::default()
                     };
-                    (fresh, LoadOutcome::Rebooted { dropped }, 1 - i)
+                    (fresh, LoadOutcome::Rebooted { dropped })
                 }
             }
             None if read.iter().all(Option::is_none) => {
-                (CheckpointData::default(), LoadOutcome::Fresh, 0)
+                (CheckpointData::default(), LoadOutcome::Fresh)
             }
             None => {
                 let secs = std::time::SystemTime::now()
@@ -229,7 +213,7 @@ impl Checkpoint {
                     });
                 }
                 let outcome = outcome.expect("at least one file was unreadable");
-                (CheckpointData::default(), outcome, 0)
+                (CheckpointData::default(), outcome)
             }
         };
         data.node_boot_id = boot_id.to_string();
@@ -250,8 +234,7 @@ impl Checkpoint {
                     files: [None, None],
                     len: [0; 2],
                     filled: [0; 2],
-                    next,
-                    newest: loaded_from,
+                    newest,
                 }),
             }),
         };
@@ -424,17 +407,15 @@ impl Shared {
 }
 
 impl Slots {
-    /// Overwrites the next file in place with `bytes`, blanks over what is left of the last write,
-    /// and fdatasyncs it. A failed write leaves `next` where it is, since the other file holds the
-    /// newest good state, and forgets what it knew of this one (reopened and fully blanked next).
+    /// Overwrites the file not holding the newest write in place with `bytes`, blanks over what is
+    /// left of the last write, and fdatasyncs it. A failed write leaves the newest file as it was,
+    /// so the next try goes to the same file, and forgets what it knew of this one (reopened and
+    /// fully blanked next).
     fn write(&mut self, bytes: Vec<u8>) -> std::io::Result<()> {
-        let i = self.next;
+        let i = self.newest.map_or(0, |n| 1 - n);
         let written = self.write_to(i, bytes);
         match written {
-            Ok(()) => {
-                self.newest = Some(i);
-                self.next = 1 - i;
-            }
+            Ok(()) => self.newest = Some(i),
             Err(_) => self.files[i] = None,
         }
         written
@@ -484,23 +465,48 @@ pub fn alternate(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Each file as read: missing, unreadable (why), or its data.
+type FileReads = Vec<Option<Result<CheckpointData, String>>>;
+
+fn read_files(paths: &[PathBuf]) -> Result<FileReads, (&Path, std::io::Error)> {
+    paths
+        .iter()
+        .map(|p| match std::fs::read(p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err((p.as_path(), e)),
+            Ok(bytes) => Ok(Some(decode(&bytes))),
+        })
+        .collect()
+}
+
+/// The file with the highest `seq` of those that check out (the first on a tie); the other is
+/// older or was torn by a crash mid-write.
+fn newest_readable(read: &FileReads) -> Option<usize> {
+    (0..read.len())
+        .filter_map(|i| match &read[i] {
+            Some(Ok(data)) => Some((i, data.seq)),
+            _ => None,
+        })
+        .max_by_key(|&(i, seq)| (seq, std::cmp::Reverse(i)))
+        .map(|(i, _)| i)
+}
+
 /// The newest readable state of the checkpoint at `path`, as [`Checkpoint::load`] would take it
 /// (without the boot check); for tools and tests.
 pub fn read_newest(path: &Path) -> Result<CheckpointData, String> {
-    let mut newest: Option<CheckpointData> = None;
-    let mut error = None;
-    for p in [path.to_path_buf(), alternate(path)] {
-        match std::fs::read(&p) {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(format!("{}: {e}", p.display())),
-            Ok(bytes) => match decode(&bytes) {
-                Ok(d) if newest.as_ref().is_none_or(|n| d.seq > n.seq) => newest = Some(d),
-                Ok(_) => {}
-                Err(e) => error = Some(format!("{}: {e}", p.display())),
-            },
-        }
+    let paths = [path.to_path_buf(), alternate(path)];
+    let mut read = read_files(&paths).map_err(|(p, e)| format!("{}: {e}", p.display()))?;
+    if let Some(i) = newest_readable(&read) {
+        let Some(Ok(data)) = read.swap_remove(i) else {
+            unreachable!("checked by newest_readable")
+        };
+        return Ok(data);
     }
-    newest.ok_or_else(|| error.unwrap_or_else(|| format!("{}: no checkpoint", path.display())))
+    let unreadable = paths.iter().zip(&read).find_map(|(p, r)| match r {
+        Some(Err(e)) => Some(format!("{}: {e}", p.display())),
+        _ => None,
+    });
+    Err(unreadable.unwrap_or_else(|| format!("{}: no checkpoint", path.display())))
 }
 
 /// The kernel's boot ID, which changes on every reboot.
