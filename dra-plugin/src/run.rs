@@ -351,11 +351,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     }
 
     wait(shutdown).await;
-    servers.stop().await;
-    // No more calls: leave the newest state where a previous version would look for it.
-    if let Err(e) = state.checkpoint().settle().await {
-        warn!(error = %e, "could not settle the checkpoint");
-    }
+    servers.stop(state.checkpoint()).await;
     Ok(())
 }
 
@@ -368,12 +364,17 @@ struct KubeletServers {
 }
 
 impl KubeletServers {
-    async fn stop(self) {
+    /// Stops serving, then leaves the checkpoint's newest state where a previous version would
+    /// look for it (no more calls can change it).
+    async fn stop(self, checkpoint: &Checkpoint) {
         let _ = tokio::time::timeout(Duration::from_secs(5), async {
             let _ = self.dra.await;
             let _ = self.registration.await;
         })
         .await;
+        if let Err(e) = checkpoint.settle().await {
+            warn!(error = %e, "could not settle the checkpoint");
+        }
         drop(self.guards);
         info!("stopped");
     }
@@ -487,11 +488,7 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     } else {
         wait(shutdown).await;
     }
-    servers.stop().await;
-    // No more calls: leave the newest state where a previous version would look for it.
-    if let Err(e) = state.checkpoint().settle().await {
-        warn!(error = %e, "could not settle the checkpoint");
-    }
+    servers.stop(state.checkpoint()).await;
     Ok(())
 }
 
