@@ -254,8 +254,8 @@ async fn drive_loop(
             tokio::spawn(async move {
                 let (mut prep, mut unprep) = (Vec::new(), Vec::new());
                 for _ in 0..rounds {
-                    prep.push(prepare(&mut client, &c).await);
-                    unprep.push(unprepare(&mut client, &c).await);
+                    prep.push(call(&mut client, &c, Call::Prepare).await);
+                    unprep.push(call(&mut client, &c, Call::Unprepare).await);
                 }
                 (prep, unprep)
             })
@@ -280,27 +280,21 @@ async fn drive_bursts(
 ) -> (Vec<Duration>, Vec<Duration>) {
     let (mut prep, mut unprep) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        for unprepare_now in [false, true] {
+        for op in [Call::Prepare, Call::Unprepare] {
             let calls: Vec<_> = claims
                 .iter()
                 .map(|c| {
                     let mut client = DraPluginClient::with_origin(channel.clone(), origin.clone());
                     let c = c.clone();
-                    tokio::spawn(async move {
-                        match unprepare_now {
-                            false => prepare(&mut client, &c).await,
-                            true => unprepare(&mut client, &c).await,
-                        }
-                    })
+                    tokio::spawn(async move { call(&mut client, &c, op).await })
                 })
                 .collect();
-            let out = if unprepare_now {
-                &mut unprep
-            } else {
-                &mut prep
+            let out = match op {
+                Call::Prepare => &mut prep,
+                Call::Unprepare => &mut unprep,
             };
-            for call in calls {
-                out.push(call.await.unwrap());
+            for handle in calls {
+                out.push(handle.await.unwrap());
             }
         }
     }
@@ -309,31 +303,36 @@ async fn drive_bursts(
 
 type Client = DraPluginClient<H2>;
 
-async fn prepare(client: &mut Client, c: &v1::Claim) -> Duration {
-    let t = Instant::now();
-    let r = client
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let took = t.elapsed();
-    assert_eq!(r.claims[&c.uid].error, "", "prepare failed");
-    took
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    Prepare,
+    Unprepare,
 }
 
-async fn unprepare(client: &mut Client, c: &v1::Claim) -> Duration {
+/// One call for one claim; how long it took. Panics if the claim's result is an error.
+async fn call(client: &mut Client, c: &v1::Claim, op: Call) -> Duration {
     let t = Instant::now();
-    let r = client
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
+    let claims = vec![c.clone()];
+    let error = match op {
+        Call::Prepare => client
+            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims })
+            .await
+            .unwrap()
+            .into_inner()
+            .claims
+            .remove(&c.uid)
+            .map(|r| r.error),
+        Call::Unprepare => client
+            .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+            .await
+            .unwrap()
+            .into_inner()
+            .claims
+            .remove(&c.uid)
+            .map(|r| r.error),
+    };
     let took = t.elapsed();
-    assert_eq!(r.claims[&c.uid].error, "", "unprepare failed");
+    assert_eq!(error.as_deref(), Some(""), "{op:?} failed");
     took
 }
 
