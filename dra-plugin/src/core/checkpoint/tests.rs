@@ -17,15 +17,26 @@ fn record(state: ClaimState) -> ClaimRecord {
     }
 }
 
+/// One file of a checkpoint as it is on disk.
+fn file_data(p: &Path) -> CheckpointData {
+    decode(&std::fs::read(p).unwrap()).unwrap()
+}
+
+/// Records `uid` as prepared, through the checkpoint.
+async fn add(cp: &Checkpoint, uid: &str) -> Result<(), Error> {
+    cp.update(|c| {
+        c.insert(uid.to_string(), record(ClaimState::PrepareCompleted));
+    })
+    .await
+}
+
 #[tokio::test]
 async fn survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
     assert_eq!(outcome, LoadOutcome::Fresh);
-    cp.update(|c| c.insert("u1".into(), record(ClaimState::PrepareCompleted)))
-        .await
-        .unwrap();
+    add(&cp, "u1").await.unwrap();
     cp.update(|c| c.insert("u2".into(), record(ClaimState::PrepareStarted)))
         .await
         .unwrap();
@@ -45,9 +56,7 @@ async fn a_reboot_drops_prepared_state() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
-    cp.update(|c| c.insert("u1".into(), record(ClaimState::PrepareCompleted)))
-        .await
-        .unwrap();
+    add(&cp, "u1").await.unwrap();
     drop(cp);
     let (cp, outcome) = Checkpoint::load(&path, "boot-2").unwrap();
     assert_eq!(
@@ -234,13 +243,11 @@ async fn writes_alternate_between_two_files_and_loading_takes_the_newest() {
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
     for i in 0..5 {
-        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
-            .await
-            .unwrap();
+        add(&cp, &format!("u{i}")).await.unwrap();
     }
     drop(cp);
-    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
-    let b = decode(&std::fs::read(alternate(&path)).unwrap()).unwrap();
+    let a = file_data(&path);
+    let b = file_data(&alternate(&path));
     assert_eq!(
         (a.seq, b.seq),
         (5, 4),
@@ -252,9 +259,9 @@ async fn writes_alternate_between_two_files_and_loading_takes_the_newest() {
     assert_eq!(cp.claims().len(), 5);
     // The next write goes to the older file, keeping the newest as it is.
     cp.update(|c| c.remove("u0")).await.unwrap();
-    let b = decode(&std::fs::read(alternate(&path)).unwrap()).unwrap();
+    let b = file_data(&alternate(&path));
     assert_eq!((b.seq, b.claims.len()), (6, 4));
-    assert_eq!(decode(&std::fs::read(&path).unwrap()).unwrap().seq, 5);
+    assert_eq!(file_data(&path).seq, 5);
 }
 
 #[tokio::test]
@@ -263,9 +270,7 @@ async fn a_write_torn_by_a_crash_falls_back_to_the_write_before_it() {
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
     for i in 0..3 {
-        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
-            .await
-            .unwrap();
+        add(&cp, &format!("u{i}")).await.unwrap();
     }
     drop(cp);
     // The third write went to the first file; tear it half-way through the records (the rest of
@@ -282,10 +287,8 @@ async fn a_write_torn_by_a_crash_falls_back_to_the_write_before_it() {
         "the second write, from the other file"
     );
     // The torn file is the one overwritten next, and then it is the newest.
-    cp.update(|c| c.insert("u9".into(), record(ClaimState::PrepareCompleted)))
-        .await
-        .unwrap();
-    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    add(&cp, "u9").await.unwrap();
+    let a = file_data(&path);
     assert_eq!((a.seq, a.claims.len()), (3, 3));
 }
 
@@ -296,13 +299,11 @@ async fn files_grow_and_shrink_with_the_records_and_stay_readable() {
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
     let len = |p: &Path| std::fs::metadata(p).unwrap().len();
     for i in 0..200 {
-        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
-            .await
-            .unwrap();
+        add(&cp, &format!("u{i}")).await.unwrap();
         for p in [path.clone(), alternate(&path)] {
             if p.exists() {
                 assert!(len(&p).is_power_of_two() && len(&p) >= 4096);
-                decode(&std::fs::read(&p).unwrap()).unwrap();
+                file_data(&p);
             }
         }
     }
@@ -311,7 +312,7 @@ async fn files_grow_and_shrink_with_the_records_and_stay_readable() {
     for i in (0..200).rev() {
         cp.update(|c| c.remove(&format!("u{i}"))).await.unwrap();
         for p in [path.clone(), alternate(&path)] {
-            let data = decode(&std::fs::read(&p).unwrap()).unwrap();
+            let data = file_data(&p);
             assert!(data.claims.len() <= i + 1);
         }
     }
@@ -338,12 +339,10 @@ async fn a_checkpoint_from_before_the_second_file_loads_and_moves_on() {
     std::fs::write(&path, file).unwrap();
     let (cp, outcome) = Checkpoint::load(&path, "boot-1").unwrap();
     assert_eq!(outcome, LoadOutcome::Loaded);
-    cp.update(|c| c.insert("u2".into(), record(ClaimState::PrepareCompleted)))
-        .await
-        .unwrap();
+    add(&cp, "u2").await.unwrap();
     drop(cp);
     assert_eq!(
-        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        file_data(&path).claims.len(),
         1,
         "the old file is kept until the next write"
     );
@@ -356,29 +355,22 @@ async fn a_failed_write_never_overwrites_the_newest_good_file() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
-    cp.update(|c| c.insert("u1".into(), record(ClaimState::PrepareCompleted)))
-        .await
-        .unwrap();
+    add(&cp, "u1").await.unwrap();
     // The second file cannot be opened for writing.
     std::fs::create_dir(alternate(&path)).unwrap();
-    cp.update(|c| c.insert("u2".into(), record(ClaimState::PrepareCompleted)))
+    add(&cp, "u2")
         .await
         .expect_err("the alternate file is a directory");
     assert_eq!(
-        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
+        file_data(&path).claims.len(),
         1,
         "the newest good file is untouched"
     );
     std::fs::remove_dir(alternate(&path)).unwrap();
-    cp.update(|c| c.insert("u3".into(), record(ClaimState::PrepareCompleted)))
-        .await
-        .unwrap();
-    let b = decode(&std::fs::read(alternate(&path)).unwrap()).unwrap();
+    add(&cp, "u3").await.unwrap();
+    let b = file_data(&alternate(&path));
     assert_eq!(b.claims.len(), 3);
-    assert_eq!(
-        decode(&std::fs::read(&path).unwrap()).unwrap().claims.len(),
-        1
-    );
+    assert_eq!(file_data(&path).claims.len(), 1);
 }
 
 #[tokio::test]
@@ -389,22 +381,20 @@ async fn settling_leaves_the_newest_state_in_the_first_file() {
     cp.settle().await.unwrap();
     assert!(!path.exists(), "nothing written, nothing to settle");
     for i in 0..2 {
-        cp.update(|c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)))
-            .await
-            .unwrap();
+        add(&cp, &format!("u{i}")).await.unwrap();
     }
     // The second write went to the alternate file: settling writes the first one again.
     cp.settle().await.unwrap();
-    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    let a = file_data(&path);
     assert_eq!((a.seq, a.claims.len()), (3, 2));
     // Now the first file is the newest: nothing more to write.
     cp.settle().await.unwrap();
-    assert_eq!(decode(&std::fs::read(&path).unwrap()).unwrap().seq, 3);
+    assert_eq!(file_data(&path).seq, 3);
     drop(cp);
     // The same after a restart that loaded from the alternate file.
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
     cp.update(|c| c.remove("u0")).await.unwrap();
     cp.settle().await.unwrap();
-    let a = decode(&std::fs::read(&path).unwrap()).unwrap();
+    let a = file_data(&path);
     assert_eq!((a.seq, a.claims.len()), (5, 1));
 }
