@@ -251,14 +251,12 @@ func benchAlloc(ctx context.Context, cases []Case) {
 		}
 	}
 	nodes := sets.List(names)
-	iters, fits := 0, 0
-	start := time.Now()
-	for iters == 0 || time.Since(start) < 3*time.Second {
+	pod := func() int {
 		a, err := structured.NewAllocator(ctx, features, allocatedState(c.Allocated), lister, c.Slices, celCache)
 		if err != nil {
 			panic(err)
 		}
-		fits = 0
+		fits := 0
 		for _, n := range nodes {
 			node := &v1.Node{ObjectMeta: metav1.ObjectMeta{Name: n}}
 			res, err := a.Allocate(ctx, node, c.Claims)
@@ -269,8 +267,19 @@ func benchAlloc(ctx context.Context, cases []Case) {
 				fits++
 			}
 		}
+		return fits
+	}
+	// The first pod reads every object for the first time since decoding; it is timed on its own
+	// and left out of the steady figure, as on the Rust side.
+	start := time.Now()
+	pod()
+	first := time.Since(start)
+	iters, fits := 0, 0
+	start = time.Now()
+	for iters == 0 || time.Since(start) < 3*time.Second {
+		fits = pod()
 		iters++
 	}
 	el := time.Since(start)
-	fmt.Printf("{\"pods\": %d, \"nodes\": %d, \"fits\": %d, \"seconds_per_pod\": %f}\n", iters, len(nodes), fits, el.Seconds()/float64(iters))
+	fmt.Printf("{\"pods\": %d, \"nodes\": %d, \"fits\": %d, \"seconds_per_pod\": %f, \"first_pod_seconds\": %f}\n", iters, len(nodes), fits, el.Seconds()/float64(iters), first.Seconds())
 }

@@ -181,6 +181,9 @@ pub fn enhance_runtime_error(e: &str) -> String {
 pub fn device_check(d: &RawDevice<'_>) -> Result<(), String> {
     for (name, a) in d.attributes.into_iter().flatten() {
         if a.int.is_none() && a.bool.is_none() && a.string.is_none() {
+            if a.version.as_deref().is_some_and(semver::is_plain) {
+                continue;
+            }
             attribute_value(name, a)?;
         }
     }

@@ -35,6 +35,25 @@ fn num(s: &str, what: &str) -> Result<u64, String> {
     s.parse::<u64>().map_err(|e| e.to_string())
 }
 
+/// Whether `s` is a plain `MAJOR.MINOR.PATCH` that [`Semver::parse`] accepts (no prerelease or
+/// build, no leading zeros, each part a u64). Lets a device check skip building the value for
+/// the common case; anything else goes through `parse` and its error.
+pub fn is_plain(s: &str) -> bool {
+    let mut parts = 0;
+    for p in s.split('.') {
+        parts += 1;
+        let ok = parts <= 3
+            && !p.is_empty()
+            && (p.len() == 1 || !p.starts_with('0'))
+            && only(p, |c| c.is_ascii_digit())
+            && p.parse::<u64>().is_ok();
+        if !ok {
+            return false;
+        }
+    }
+    parts == 3
+}
+
 impl Semver {
     pub fn parse(s: &str) -> Result<Semver, String> {
         if s.is_empty() {
@@ -188,5 +207,35 @@ mod tests {
             Semver::parse("1.0.0+x").unwrap().compare(&c),
             Ordering::Equal
         );
+    }
+
+    #[test]
+    fn plain_versions_are_exactly_those_parse_takes_without_extras() {
+        for plain in ["0.0.0", "9.0.0", "580.105.8", "18446744073709551615.1.2"] {
+            assert!(is_plain(plain), "{plain}");
+            let v = Semver::parse(plain).unwrap();
+            assert!(v.pre.is_empty() && v.build.is_empty());
+        }
+        for other in [
+            "",
+            "1.2",
+            "1.2.3.4",
+            "01.2.3",
+            "1.02.3",
+            "1.2.03",
+            "1..3",
+            "1.2.",
+            "v1.2.3",
+            "1.2.3-rc",
+            "1.2.3+b",
+            "1.2.x",
+            "18446744073709551616.0.0",
+            "1.2.3 ",
+        ] {
+            assert!(!is_plain(other), "{other}");
+        }
+        // what is not plain is left to parse, which accepts some and rejects the rest
+        assert!(Semver::parse("1.2.3-rc").is_ok());
+        assert!(Semver::parse("1.02.3").is_err());
     }
 }
