@@ -111,6 +111,11 @@ pub struct RunArgs {
     /// again, before its taints are lifted.
     #[arg(long, env = "HEALTH_HOLD_DOWN_SECONDS", default_value_t = 300)]
     pub health_hold_down_seconds: u64,
+    /// Async worker threads. Checkpoint and CDI writes, NVML and MIG calls run on a separate
+    /// blocking pool, so the workers only decode, plan and hand off; more than one mostly adds
+    /// wake-ups between them.
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    pub worker_threads: u16,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -128,4 +133,26 @@ pub struct SlicesArgs {
     /// Kubernetes minor version of the target cluster (1.34 keeps counters with devices).
     #[arg(long, default_value = "1.37")]
     pub kubernetes_version: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(extra: &[&str]) -> Result<RunArgs, clap::Error> {
+        let base = ["dra-plugin", "run", "--node-name", "n1"];
+        let cli = Cli::try_parse_from(base.iter().chain(extra))?;
+        match cli.command {
+            Command::Run(a) => Ok(a),
+            other => panic!("parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn worker_threads_default_to_one_and_reject_zero() {
+        assert_eq!(run(&[]).unwrap().worker_threads, 1);
+        assert_eq!(run(&["--worker-threads", "4"]).unwrap().worker_threads, 4);
+        let err = run(&["--worker-threads", "0"]).unwrap_err().to_string();
+        assert!(err.contains("--worker-threads"), "{err}");
+    }
 }

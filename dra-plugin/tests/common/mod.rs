@@ -50,5 +50,6 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
         offline_claims_dir: Some(dir.join("claims")),
         boot_id_file: dir.join("boot_id"),
         health_hold_down_seconds: 1,
+        worker_threads: 1,
     }
 }
