@@ -63,7 +63,6 @@ enum Mode {
 
 struct Run {
     label: &'static str,
-    mode: Mode,
     profiles: &'static [&'static str],
     layout: &'static str,
     gates: &'static str,
@@ -114,7 +113,7 @@ fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
     }
 }
 
-async fn bench(run: Run, rounds: usize) {
+async fn bench(run: &Run, mode: Mode, rounds: usize) {
     // BENCH_ONLY=<text> runs the cases whose label contains it (profiling one case).
     if let Ok(only) = std::env::var("BENCH_ONLY")
         && !run.label.contains(&only)
@@ -194,7 +193,7 @@ async fn bench(run: Run, rounds: usize) {
     let own_before = cpu_time(std::process::id());
     let channel = h2_connect(&sock).await;
     let origin: http::Uri = "http://localhost".parse().unwrap();
-    let (mut prep, mut unprep) = match run.mode {
+    let (mut prep, mut unprep) = match mode {
         Mode::Loop => drive_loop(&channel, &origin, claims, rounds).await,
         Mode::Burst => drive_bursts(&channel, &origin, claims, rounds).await,
     };
@@ -223,7 +222,7 @@ async fn bench(run: Run, rounds: usize) {
     println!(
         "{:<44} {:<5} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  CPU/pair plugin={:.0}us client={:.0}us  peak RSS={:.1} MiB",
         run.label,
-        match run.mode {
+        match mode {
             Mode::Loop => "loop",
             Mode::Burst => "burst",
         },
@@ -367,7 +366,6 @@ fn main() {
         let cases = [
             Run {
                 label: "8x H100 80GB, whole GPUs",
-                mode: Mode::Loop,
                 profiles: &["h100-80gb:8"],
                 layout: "disabled",
                 gates: "",
@@ -375,7 +373,6 @@ fn main() {
             },
             Run {
                 label: "8x H100 80GB, all-1g.10gb (56 MIG devices)",
-                mode: Mode::Loop,
                 profiles: &["h100-80gb:8"],
                 layout: "all-1g.10gb",
                 gates: "",
@@ -383,7 +380,6 @@ fn main() {
             },
             Run {
                 label: "8x H100 all-1g.10gb + 8x L4 (64 devices)",
-                mode: Mode::Loop,
                 profiles: &["h100-80gb:8", "l4:8"],
                 layout: "all-1g.10gb",
                 gates: "",
@@ -392,25 +388,15 @@ fn main() {
             // Dynamic MIG: every prepare creates the instance, every unprepare destroys it.
             Run {
                 label: "8x H100 80GB, DynamicMIG, 1g.10gb created on demand",
-                mode: Mode::Loop,
                 profiles: &["h100-80gb:8"],
                 layout: "disabled",
                 gates: "DynamicMIG=true",
                 devices: mig_devices(8),
             },
         ];
-        for run in cases {
+        for run in &cases {
             for mode in [Mode::Loop, Mode::Burst] {
-                let devices = run.devices.clone();
-                bench(
-                    Run {
-                        mode,
-                        devices,
-                        ..run
-                    },
-                    rounds,
-                )
-                .await;
+                bench(run, mode, rounds).await;
             }
         }
     });

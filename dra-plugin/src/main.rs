@@ -26,7 +26,7 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// glibc gives each thread that allocates its own arena (up to 8 per core), and each arena keeps
-/// freed memory of its own: two are enough for two workers and a few blocking threads, and hold
+/// freed memory of its own: two are enough for the worker(s) and a few blocking threads, and hold
 /// peak RSS down by about 0.5-0.8 MiB under a burst of dynamic-MIG prepares, at no measurable
 /// CPU cost. `MALLOC_ARENA_MAX` / `GLIBC_TUNABLES` still take precedence when set.
 fn limit_malloc_arenas() {

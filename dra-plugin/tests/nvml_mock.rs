@@ -24,6 +24,11 @@ fn can_build() -> bool {
     false
 }
 
+/// Node `node-1` with one group of GPUs, `<profile>:<count>` (e.g. `"a100-80gb:1"`).
+fn node_of(group: &str) -> Inventory {
+    simulate_node("node-1", &[GpuGroup::parse(group).unwrap()], None).unwrap()
+}
+
 fn nvml(node: &MockNode) -> NvmlBackend {
     NvmlBackend::with_options(NvmlOptions {
         driver_root: Some(node.driver_root.clone()),
@@ -205,7 +210,7 @@ fn a_separate_process_sees_the_same_mig_state() {
     if !can_build() {
         return;
     }
-    let inv = simulate_node("node-1", &[GpuGroup::parse("a100-80gb:1").unwrap()], None).unwrap();
+    let inv = node_of("a100-80gb:1");
     let dir = tempfile::tempdir().unwrap();
     let node = MockNode::new(dir.path(), &inv);
     let a = nvml(&node);
@@ -239,7 +244,7 @@ fn a_state_file_left_by_a_kill_mid_save_keeps_the_new_state() {
     if !can_build() {
         return;
     }
-    let inv = simulate_node("node-1", &[GpuGroup::parse("a100-80gb:1").unwrap()], None).unwrap();
+    let inv = node_of("a100-80gb:1");
     let dir = tempfile::tempdir().unwrap();
     let node = MockNode::new(dir.path(), &inv);
     let a = nvml(&node);
@@ -261,7 +266,7 @@ fn mig_mode_that_needs_a_reset_is_reported_not_assumed() {
     if !can_build() {
         return;
     }
-    let inv = simulate_node("node-1", &[GpuGroup::parse("h100-80gb:1").unwrap()], None).unwrap();
+    let inv = node_of("h100-80gb:1");
     let dir = tempfile::tempdir().unwrap();
     let node = MockNode::with_extra(dir.path(), &inv, "mig_needs_reset 1\n");
     let b = nvml(&node);
@@ -292,7 +297,7 @@ fn a_missing_or_unready_driver_is_explained_and_retried() {
     let e = missing.discover().unwrap_err().to_string();
     assert!(e.contains("no libnvidia-ml.so.1 under driver root"), "{e}");
 
-    let inv = simulate_node("node-1", &[GpuGroup::parse("h100-80gb:2").unwrap()], None).unwrap();
+    let inv = node_of("h100-80gb:2");
     let node = MockNode::new(dir.path(), &inv);
     std::fs::write(&node.init_gate, "").unwrap();
     let b = nvml(&node);
@@ -329,7 +334,7 @@ fn health_events_come_from_nvml() {
     if !can_build() {
         return;
     }
-    let inv = simulate_node("node-1", &[GpuGroup::parse("h100-80gb:3").unwrap()], None).unwrap();
+    let inv = node_of("h100-80gb:3");
     let dir = tempfile::tempdir().unwrap();
     let node = MockNode::new(dir.path(), &inv);
     let b = nvml(&node);
@@ -380,7 +385,7 @@ fn compute_mode_goes_through_nvml() {
     if !can_build() {
         return;
     }
-    let inv = simulate_node("node-1", &[GpuGroup::parse("h100-80gb:2").unwrap()], None).unwrap();
+    let inv = node_of("h100-80gb:2");
     let dir = tempfile::tempdir().unwrap();
     let node = MockNode::new(dir.path(), &inv);
     let b = nvml(&node);

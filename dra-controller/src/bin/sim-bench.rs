@@ -178,9 +178,7 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     // cold: a fresh allocator per pod, every per-device value built anew (one scheduling cycle
-    // with nothing carried over). The first pod reads every object for the first time since it
-    // was built, and on this VM takes up to twice as long as the next; it is timed on its own and
-    // left out of the steady figure, on both sides.
+    // with nothing carried over); the first pod timed on its own (see the top of the file)
     let cold_pod = || {
         let a = Allocator::new(&classes.classes, &all_slices, AllocatedState::default());
         node_objs

@@ -173,12 +173,10 @@ impl Checkpoint {
         let paths = [path.to_path_buf(), alternate(path)];
         let mut read =
             read_files(&paths).map_err(|(p, e)| Error::io("reading the checkpoint", p, e))?;
-        let newest = newest_readable(&read);
+        let newest = take_newest(&mut read);
+        let newest_file = newest.as_ref().map(|(i, _)| *i);
         let (mut data, outcome) = match newest {
-            Some(i) => {
-                let Some(Ok(data)) = read.swap_remove(i) else {
-                    unreachable!("checked above")
-                };
+            Some((_, data)) => {
                 if data.node_boot_id.is_empty() || data.node_boot_id == boot_id {
                     (data, LoadOutcome::Loaded)
                 } else {
@@ -234,7 +232,7 @@ impl Checkpoint {
                     files: [None, None],
                     len: [0; 2],
                     filled: [0; 2],
-                    newest,
+                    newest: newest_file,
                 }),
             }),
         };
@@ -479,16 +477,20 @@ fn read_files(paths: &[PathBuf]) -> Result<FileReads, (&Path, std::io::Error)> {
         .collect()
 }
 
-/// The file with the highest `seq` of those that check out (the first on a tie); the other is
-/// older or was torn by a crash mid-write.
-fn newest_readable(read: &FileReads) -> Option<usize> {
-    (0..read.len())
+/// Takes out the data of the file with the highest `seq` of those that check out (the first on a
+/// tie), with the file's index; the other is older or was torn by a crash mid-write.
+fn take_newest(read: &mut FileReads) -> Option<(usize, CheckpointData)> {
+    let i = (0..read.len())
         .filter_map(|i| match &read[i] {
             Some(Ok(data)) => Some((i, data.seq)),
             _ => None,
         })
-        .max_by_key(|&(i, seq)| (seq, std::cmp::Reverse(i)))
-        .map(|(i, _)| i)
+        .max_by_key(|&(i, seq)| (seq, std::cmp::Reverse(i)))?
+        .0;
+    match read[i].take() {
+        Some(Ok(data)) => Some((i, data)),
+        _ => unreachable!("chosen among the readable files"),
+    }
 }
 
 /// The newest readable state of the checkpoint at `path`, as [`Checkpoint::load`] would take it
@@ -496,10 +498,7 @@ fn newest_readable(read: &FileReads) -> Option<usize> {
 pub fn read_newest(path: &Path) -> Result<CheckpointData, String> {
     let paths = [path.to_path_buf(), alternate(path)];
     let mut read = read_files(&paths).map_err(|(p, e)| format!("{}: {e}", p.display()))?;
-    if let Some(i) = newest_readable(&read) {
-        let Some(Ok(data)) = read.swap_remove(i) else {
-            unreachable!("checked by newest_readable")
-        };
+    if let Some((_, data)) = take_newest(&mut read) {
         return Ok(data);
     }
     let unreadable = paths.iter().zip(&read).find_map(|(p, r)| match r {

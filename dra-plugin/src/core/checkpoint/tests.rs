@@ -30,6 +30,13 @@ async fn add(cp: &Checkpoint, uid: &str) -> Result<(), Error> {
     .await
 }
 
+/// Records `u0`, `u1`, … `u<n-1>` as prepared, one write each.
+async fn add_many(cp: &Checkpoint, n: usize) {
+    for i in 0..n {
+        add(cp, &format!("u{i}")).await.unwrap();
+    }
+}
+
 #[tokio::test]
 async fn survives_a_restart() {
     let dir = tempfile::tempdir().unwrap();
@@ -242,9 +249,7 @@ async fn writes_alternate_between_two_files_and_loading_takes_the_newest() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
-    for i in 0..5 {
-        add(&cp, &format!("u{i}")).await.unwrap();
-    }
+    add_many(&cp, 5).await;
     drop(cp);
     let a = file_data(&path);
     let b = file_data(&alternate(&path));
@@ -269,9 +274,7 @@ async fn a_write_torn_by_a_crash_falls_back_to_the_write_before_it() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
-    for i in 0..3 {
-        add(&cp, &format!("u{i}")).await.unwrap();
-    }
+    add_many(&cp, 3).await;
     drop(cp);
     // The third write went to the first file; tear it half-way through the records (the rest of
     // the file as a power loss may leave it: zeros).
@@ -380,9 +383,7 @@ async fn settling_leaves_the_newest_state_in_the_first_file() {
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
     cp.settle().await.unwrap();
     assert!(!path.exists(), "nothing written, nothing to settle");
-    for i in 0..2 {
-        add(&cp, &format!("u{i}")).await.unwrap();
-    }
+    add_many(&cp, 2).await;
     // The second write went to the alternate file: settling writes the first one again.
     cp.settle().await.unwrap();
     let a = file_data(&path);
