@@ -410,11 +410,16 @@ impl DeviceState {
         {
             self.remove_stray_mps(uid).await?;
         }
-        self.cdi.remove(uid)?;
+        // The spec goes in the same group commit, just before the record: a failed removal
+        // still forgets the record, and the kubelet's retry, finding no record, removes the spec.
         self.checkpoint
-            .update(|c| {
-                c.remove(uid);
-            })
+            .update_removing_file(
+                |c| {
+                    c.remove(uid);
+                },
+                "removing the CDI spec",
+                self.cdi.spec_path(uid),
+            )
             .await?;
         if sharing {
             self.write_sharing_state();

@@ -211,6 +211,63 @@ async fn side_files_ride_the_group_commit_and_fail_alone() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn removals_ride_the_group_commit_and_fail_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    let cp = std::sync::Arc::new(cp);
+    let cdi = dir.path().join("cdi");
+    std::fs::create_dir(&cdi).unwrap();
+    for i in 0..16 {
+        cp.update_with_file(
+            |c| c.insert(format!("u{i}"), record(ClaimState::PrepareCompleted)),
+            "writing the CDI spec",
+            cdi.join(format!("spec-{i}.json")),
+            b"{}".to_vec(),
+        )
+        .await
+        .unwrap();
+    }
+    // A non-empty directory where spec 15 should be: unlink fails on it.
+    std::fs::remove_file(cdi.join("spec-15.json")).unwrap();
+    std::fs::create_dir_all(cdi.join("spec-15.json").join("inside")).unwrap();
+    // Spec 14 is already gone: removing it again is no error (unprepare is idempotent).
+    std::fs::remove_file(cdi.join("spec-14.json")).unwrap();
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let cp = cp.clone();
+            let file = cdi.join(format!("spec-{i}.json"));
+            tokio::spawn(async move {
+                let r = cp
+                    .update_removing_file(
+                        |c| {
+                            c.remove(&format!("u{i}"));
+                        },
+                        "removing the CDI spec",
+                        file.clone(),
+                    )
+                    .await;
+                (i, file, r)
+            })
+        })
+        .collect();
+    for t in tasks {
+        let (i, file, r) = t.await.unwrap();
+        if i == 15 {
+            let e = r.expect_err("a directory is not unlinked").to_string();
+            assert!(
+                e.contains("removing the CDI spec") && e.contains("spec-15.json"),
+                "the error names what and which file: {e}"
+            );
+        } else {
+            r.unwrap();
+            assert!(!file.exists(), "spec {i} removed");
+        }
+    }
+    assert!(read_newest(&path).unwrap().claims.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_caller_gone_mid_flush_does_not_stall_the_others() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
