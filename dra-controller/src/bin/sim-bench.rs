@@ -18,6 +18,10 @@
 //! Usage: sim-bench [--nodes N] [--oracle PATH] [--warm-only|--cold-only]   (builds the oracle with
 //! e2e/oracle/build.sh when --oracle is not given; set SIM_BENCH_NO_GO=1 to run the Rust side
 //! only; --warm-only / --cold-only run just that loop, for profiling)
+// The same allocator as the dra-controller binary, so the figures are the CLI's.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode};
 use dra_controller::sim::{cel, cli, input};
 use serde_json::json;
