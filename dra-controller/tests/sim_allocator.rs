@@ -552,9 +552,17 @@ fn partitionable_devices() {
         Want::Error("invalid resource pools"),
     ));
     // a counter its set does not have, on the last device, behind many counters that exist
-    // (long lists of counter names take another path than short ones)
-    for known in [1usize, 40] {
-        let names: Vec<String> = (0..known).map(|i| format!("c{i:02}")).collect();
+    // (long lists of counter names take another path than short ones; names over 16 bytes that
+    // differ only in the middle are told apart by more than their ends)
+    for (known, long) in [(1usize, false), (40, false), (3, true)] {
+        let name = |i: &str| {
+            if long {
+                format!("aaaaaaaa-{i}-bbbbbbbb")
+            } else {
+                format!("c{i}")
+            }
+        };
+        let names: Vec<String> = (0..known).map(|i| name(&format!("{i:02}"))).collect();
         let set: serde_json::Map<String, J> = names
             .iter()
             .map(|n| (n.clone(), json!({"value": "1"})))
@@ -584,7 +592,7 @@ fn partitionable_devices() {
         ));
         check(&case(
             "partitionable-devices-unknown-counter",
-            vec![counters.clone(), devices_with(Some("zz-unknown"))],
+            vec![counters.clone(), devices_with(Some(&name("zz")))],
             vec![claim("c", vec![req("r", "empty", 1)])],
             Want::Error("invalid resource pools"),
         ));

@@ -276,6 +276,109 @@ pub(crate) fn prefetch(p: *const u8) {
 
 type CompiledSelector = Arc<Result<cel::Program, String>>;
 
+/// The counters the devices consume, by counter set, each name once, in order of first use.
+fn counter_refs_of(devices: &[k8s_openapi::api::resource::v1::Device]) -> CounterRefs {
+    // Devices of a slice mostly consume from one set and a few dozen counters: scanning
+    // short lists beats hashing every (set, counter) pair, which a cold allocation over
+    // thousands of nodes does a few thousand times per node. Long lists get a hash set.
+    // Each name is a heap block of its own, so the slice's names are asked for at once.
+    // Names are compared as (length, first 8 bytes, last 8 bytes), which is the whole
+    // name up to 16 bytes: the counter names of a set mostly share a length
+    // ("memory-slice-3"), so comparing them as text called memcmp for most candidates.
+    enum Seen<'s> {
+        Few(Vec<(NameKey, &'s str)>),
+        Many(FastSet<&'s str>),
+    }
+    const SCAN: usize = 32;
+    let mut refs: CounterRefs = Vec::new();
+    let mut seen: Vec<Seen<'_>> = Vec::new();
+    let mut last = usize::MAX;
+    // Each step of the walk (the device's consumption list, the set name and map node, the
+    // names) waits on the one before; a pass per step keeps a slice's misses in flight
+    // together instead of one device at a time.
+    for d in devices {
+        if let Some(v) = &d.consumes_counters {
+            prefetch(v.as_ptr().cast());
+        }
+    }
+    for d in devices {
+        for cc in d.consumes_counters.iter().flatten() {
+            prefetch(cc.counter_set.as_ptr());
+            if let Some((n, _)) = cc.counters.first_key_value() {
+                prefetch(n.as_ptr());
+            }
+        }
+    }
+    for d in devices {
+        for cc in d.consumes_counters.iter().flatten() {
+            for n in cc.counters.keys().skip(1) {
+                prefetch(n.as_ptr());
+            }
+        }
+    }
+    for d in devices {
+        for cc in d.consumes_counters.iter().flatten() {
+            let set = cc.counter_set.as_str();
+            if refs.get(last).is_none_or(|(n, _)| n != set) {
+                last = match refs.iter().position(|(n, _)| n == set) {
+                    Some(i) => i,
+                    None => {
+                        refs.push((set.to_string(), Vec::new()));
+                        seen.push(Seen::Few(Vec::new()));
+                        refs.len() - 1
+                    }
+                };
+            }
+            for n in cc.counters.keys() {
+                let new = match &mut seen[last] {
+                    Seen::Many(h) => h.insert(n.as_str()),
+                    Seen::Few(v) => {
+                        let k = NameKey::of(n);
+                        if v.iter().any(|(x, s)| *x == k && (k.exact() || s == n)) {
+                            false
+                        } else {
+                            v.push((k, n.as_str()));
+                            if v.len() > SCAN {
+                                seen[last] = Seen::Many(v.drain(..).map(|(_, s)| s).collect());
+                            }
+                            true
+                        }
+                    }
+                };
+                if new {
+                    refs[last].1.push(n.clone());
+                }
+            }
+        }
+    }
+    refs
+}
+
+/// A name's length with its first and last 8 bytes (zero-padded when shorter): equal keys mean
+/// equal names up to 16 bytes, and a cheap first test beyond.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct NameKey(usize, u64, u64);
+
+impl NameKey {
+    fn of(s: &str) -> Self {
+        let b = s.as_bytes();
+        let n = b.len();
+        let word = |w: &[u8]| {
+            let mut buf = [0u8; 8];
+            buf[..w.len()].copy_from_slice(w);
+            u64::from_le_bytes(buf)
+        };
+        if n <= 8 {
+            NameKey(n, word(b), 0)
+        } else {
+            NameKey(n, word(&b[..8]), word(&b[n - 8..]))
+        }
+    }
+    fn exact(&self) -> bool {
+        self.0 <= 16
+    }
+}
+
 pub(crate) type FastMap<K, V> = HashMap<K, V, std::hash::BuildHasherDefault<FastHasher>>;
 pub(crate) type FastSet<K> = HashSet<K, std::hash::BuildHasherDefault<FastHasher>>;
 
@@ -379,62 +482,13 @@ impl<'a> Allocator<'a> {
 
     pub(crate) fn cache_counter_refs(&self, slice_idx: usize) -> &CounterRefs {
         self.cache.counter_refs[slice_idx].get_or_init(|| {
-            // Devices of a slice mostly consume from one set and a few dozen counters: scanning
-            // short lists beats hashing every (set, counter) pair, which a cold allocation over
-            // thousands of nodes does a few thousand times per node. Long lists get a hash set.
-            // Each name is a heap block of its own, so the slice's names are asked for at once.
-            enum Seen<'s> {
-                Few(Vec<&'s str>),
-                Many(FastSet<&'s str>),
-            }
-            const SCAN: usize = 32;
-            let mut refs: CounterRefs = Vec::new();
-            let mut seen: Vec<Seen<'_>> = Vec::new();
-            let mut last = usize::MAX;
-            let devices = self.slices[slice_idx]
-                .spec
-                .devices
-                .as_deref()
-                .unwrap_or(&[]);
-            for d in devices {
-                for cc in d.consumes_counters.iter().flatten() {
-                    for n in cc.counters.keys() {
-                        prefetch(n.as_ptr());
-                    }
-                }
-            }
-            for d in devices {
-                for cc in d.consumes_counters.iter().flatten() {
-                    let set = cc.counter_set.as_str();
-                    if refs.get(last).is_none_or(|(n, _)| n != set) {
-                        last = match refs.iter().position(|(n, _)| n == set) {
-                            Some(i) => i,
-                            None => {
-                                refs.push((set.to_string(), Vec::new()));
-                                seen.push(Seen::Few(Vec::new()));
-                                refs.len() - 1
-                            }
-                        };
-                    }
-                    for n in cc.counters.keys() {
-                        let new = match &mut seen[last] {
-                            Seen::Many(h) => h.insert(n.as_str()),
-                            Seen::Few(v) if v.iter().any(|x| *x == n) => false,
-                            Seen::Few(v) => {
-                                v.push(n.as_str());
-                                if v.len() > SCAN {
-                                    seen[last] = Seen::Many(v.drain(..).collect());
-                                }
-                                true
-                            }
-                        };
-                        if new {
-                            refs[last].1.push(n.clone());
-                        }
-                    }
-                }
-            }
-            refs
+            counter_refs_of(
+                self.slices[slice_idx]
+                    .spec
+                    .devices
+                    .as_deref()
+                    .unwrap_or(&[]),
+            )
         })
     }
 
