@@ -10,9 +10,11 @@
 //! every result (request, pool, device, adminAccess, share, consumed capacity, tolerations), config
 //! and node selector. A coverage check keeps the mix healthy (≥30% allocated, shares, fall-throughs).
 //!
-//! Known, documented differences, kept out of the grammar: the URL/IP/CIDR/format/authz CEL
-//! libraries are not implemented (see `sim/cel/mod.rs`); error texts are compared by kind only for
-//! CEL evaluations (runtime `no overload` details differ in wording).
+//! Selectors include the IP, CIDR and URL libraries over literal addresses (valid and refused, both
+//! families, URLs with ports, queries and fragments). Known, documented differences, kept out of
+//! the grammar: the format/authz CEL libraries are not implemented (see `sim/cel/mod.rs`); error
+//! texts are compared by kind only for CEL evaluations (runtime `no overload` details differ in
+//! wording).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
 use dra_controller::sim::alloc::{AllocatedState, Allocator, SimNode};
 use dra_controller::sim::cel;
@@ -118,7 +120,7 @@ fn attr_ref(r: &mut Rng) -> (String, &'static str) {
 
 fn atom(r: &mut Rng) -> String {
     let (a, ty) = attr_ref(r);
-    match r.n(25) {
+    match r.n(27) {
         0..=5 => match ty {
             "s" => match r.n(5) {
                 0 => format!("{a} == \"{}\"", r.pick(MODELS)),
@@ -220,7 +222,125 @@ fn atom(r: &mut Rng) -> String {
                 "split(\"-\").join(\"+\") == \"H100+SXM\"",
             ])
         ),
+        23 | 24 => net_atom(r),
         _ => format!("device.attributes[\"{DRV}\"].all(k, v, k != \"\")"),
+    }
+}
+
+/// Addresses for the ip/cidr libraries: canonical and not, both families, and the forms
+/// upstream refuses (leading zeros, zones, IPv4-mapped IPv6, bad lengths).
+const IPS: &[&str] = &[
+    "10.0.0.1",
+    "127.0.0.1",
+    "0.0.0.0",
+    "255.255.255.255",
+    "169.254.10.1",
+    "224.0.0.251",
+    "192.168.1.77",
+    "::1",
+    "::",
+    "fe80::1",
+    "ff02::fb",
+    "2001:db8::abcd",
+    "2001:DB8::ABCD",
+    "2001:db8:0:0:0:0:0:1",
+    "::1.2.3.4",
+    "010.0.0.1",
+    "1.2.3",
+    "1.2.3.256",
+    "fe80::1%eth0",
+    "::ffff:10.0.0.1",
+    "1:2:3:4:5:6:7:8:9",
+    "gpu",
+    "",
+];
+const CIDRS: &[&str] = &[
+    "10.0.0.0/8",
+    "10.0.0.1/24",
+    "192.168.0.0/16",
+    "0.0.0.0/0",
+    "2001:db8::/32",
+    "fe80::/10",
+    "::/0",
+    "::1/128",
+    "10.0.0.0/33",
+    "10.0.0.0/08",
+    "::ffff:10.0.0.0/104",
+    "10.0.0.0",
+    "2001:db8::/129",
+];
+const URLS: &[&str] = &[
+    "https://example.com",
+    "https://user:pw@example.com:8443/a/b%20c?x=1&x=2&y=#frag",
+    "http://[::1]:8080/metrics?debug",
+    "HTTP://Example.COM/%7euser",
+    "ftp://a:b:21/x",
+    "http://a:b:80/x",
+    "mailto:ops@example.com",
+    "/v1/devices?limit=5&limit=6",
+    "//host/path",
+    "example.com/path",
+    "http://a b/",
+    "http://a/b?c=%zz&d=1;e=2&f=g",
+    "http://h/p#%zz",
+    "",
+];
+
+/// The apiserver's IP, CIDR and URL libraries over literals.
+fn net_atom(r: &mut Rng) -> String {
+    let ip = *r.pick(IPS);
+    let ip2 = *r.pick(IPS);
+    let c = *r.pick(CIDRS);
+    let c2 = *r.pick(CIDRS);
+    let u = *r.pick(URLS);
+    match r.n(12) {
+        0 => format!("isIP(\"{ip}\") && !isCIDR(\"{c}\")"),
+        1 => format!("ip.isCanonical(\"{ip}\")"),
+        2 => format!(
+            "ip(\"{ip}\").{}",
+            r.pick(&[
+                "family() == 4",
+                "family() == 6",
+                "isUnspecified()",
+                "isLoopback()",
+                "isLinkLocalMulticast()",
+                "isLinkLocalUnicast()",
+                "isGlobalUnicast()",
+            ])
+        ),
+        3 => format!("ip(\"{ip}\") == ip(\"{ip2}\")"),
+        4 => format!("string(ip(\"{ip}\")) == \"{ip2}\""),
+        5 if r.coin(50) => format!("cidr(\"{c}\").containsIP(\"{ip}\")"),
+        5 => format!("cidr(\"{c}\").containsIP(ip(\"{ip}\"))"),
+        6 if r.coin(50) => format!("cidr(\"{c}\").containsCIDR(\"{c2}\")"),
+        6 => format!("cidr(\"{c}\").containsCIDR(cidr(\"{c2}\").masked())"),
+        7 => format!(
+            "cidr(\"{c}\").{}",
+            r.pick(&[
+                "prefixLength() >= 16",
+                "ip().family() == 4",
+                "masked() == cidr(\"10.0.0.0/24\")",
+                "ip() == ip(\"10.0.0.1\")",
+            ])
+        ),
+        8 => format!("string(cidr(\"{c}\").masked()) == \"{c2}\""),
+        9 => format!("isURL(\"{u}\")"),
+        10 => format!(
+            "url(\"{u}\").{}",
+            r.pick(&[
+                "getScheme() == \"https\"",
+                "getHost().endsWith(\"com\")",
+                "getHostname() == \"::1\"",
+                "getPort() == \"\"",
+                "getEscapedPath().startsWith(\"/\")",
+                "getQuery().size() > 0",
+                "getQuery()[?\"x\"].orValue([]).size() == 2",
+            ])
+        ),
+        _ => format!(
+            "url(\"{u}\") == url(\"{}\")",
+            r.pick(&[u, "https://example.com", "HTTP://example.com/%7Euser"])
+        ),
     }
 }
 

@@ -52,6 +52,30 @@ pub enum Func {
     Semver,
     IsSemver,
     Major,
+    Ip,
+    IsIp,
+    IpIsCanonical,
+    IpFamily,
+    IpIsUnspecified,
+    IpIsLoopback,
+    IpIsLinkLocalMulticast,
+    IpIsLinkLocalUnicast,
+    IpIsGlobalUnicast,
+    Cidr,
+    IsCidr,
+    CidrContainsIp,
+    CidrContainsCidr,
+    CidrIp,
+    CidrMasked,
+    CidrPrefixLength,
+    Url,
+    IsUrl,
+    UrlScheme,
+    UrlHost,
+    UrlHostname,
+    UrlPort,
+    UrlEscapedPath,
+    UrlQuery,
     Minor,
     Patch,
     CharAt,
@@ -282,6 +306,19 @@ impl<'a> Compiler<'a> {
                 }
             }
             Expr::Select(sel) => {
+                // `net.IP` / `net.CIDR`: the libraries' type names, unless `net` is a variable
+                if let Expr::Ident(ns) = &sel.operand.expr
+                    && ns == "net"
+                    && !sel.test
+                    && !self.scopes.iter().any(|(n, _, _)| n == ns)
+                    && let Some(tn) = match sel.field.as_str() {
+                        "IP" => Some("net.IP"),
+                        "CIDR" => Some("net.CIDR"),
+                        _ => None,
+                    }
+                {
+                    return Ok((Node::Const(Value::Type(tn)), Ty::Type));
+                }
                 let (op, t) = self.compile(&sel.operand)?;
                 let field = sel.field.as_str();
                 let ty = match &t {
@@ -725,7 +762,7 @@ impl<'a> Compiler<'a> {
             if !is_var
                 && matches!(
                     ns.as_str(),
-                    "cel" | "sets" | "lists" | "optional" | "strings" | "math"
+                    "cel" | "sets" | "lists" | "optional" | "strings" | "math" | "ip"
                 )
             {
                 global = format!("{ns}.{fname}");
@@ -1088,7 +1125,7 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             ok!(F::ToDouble, Double)
         }
         ("string", false, 1)
-            if matches!(t[0], Int | Uint | Double | Str | Bool | Bytes) || d(0) =>
+            if matches!(t[0], Int | Uint | Double | Str | Bool | Bytes | Ip | Cidr) || d(0) =>
         {
             ok!(F::ToString, Str)
         }
@@ -1122,6 +1159,56 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             "minor" => ok!(F::Minor, Int),
             _ => ok!(F::Patch, Int),
         },
+        ("ip", false, 1) if is(0, &Str) => ok!(F::Ip, Ip),
+        ("isIP", false, 1) if is(0, &Str) => ok!(F::IsIp, Bool),
+        ("ip.isCanonical", false, 1) if is(0, &Str) => ok!(F::IpIsCanonical, Bool),
+        ("family", true, 1) if is(0, &Ip) => ok!(F::IpFamily, Int),
+        (
+            "isUnspecified"
+            | "isLoopback"
+            | "isLinkLocalMulticast"
+            | "isLinkLocalUnicast"
+            | "isGlobalUnicast",
+            true,
+            1,
+        ) if is(0, &Ip) => ok!(
+            match name {
+                "isUnspecified" => F::IpIsUnspecified,
+                "isLoopback" => F::IpIsLoopback,
+                "isLinkLocalMulticast" => F::IpIsLinkLocalMulticast,
+                "isLinkLocalUnicast" => F::IpIsLinkLocalUnicast,
+                _ => F::IpIsGlobalUnicast,
+            },
+            Bool
+        ),
+        ("cidr", false, 1) if is(0, &Str) => ok!(F::Cidr, Cidr),
+        ("isCIDR", false, 1) if is(0, &Str) => ok!(F::IsCidr, Bool),
+        ("containsIP", true, 2) if is(0, &Cidr) && (is(1, &Str) || t[1] == Ip) => {
+            ok!(F::CidrContainsIp, Bool)
+        }
+        ("containsCIDR", true, 2) if is(0, &Cidr) && (is(1, &Str) || t[1] == Cidr) => {
+            ok!(F::CidrContainsCidr, Bool)
+        }
+        ("ip", true, 1) if is(0, &Cidr) => ok!(F::CidrIp, Ip),
+        ("masked", true, 1) if is(0, &Cidr) => ok!(F::CidrMasked, Cidr),
+        ("prefixLength", true, 1) if is(0, &Cidr) => ok!(F::CidrPrefixLength, Int),
+        ("url", false, 1) if is(0, &Str) => ok!(F::Url, Url),
+        ("isURL", false, 1) if is(0, &Str) => ok!(F::IsUrl, Bool),
+        ("getScheme" | "getHost" | "getHostname" | "getPort" | "getEscapedPath", true, 1)
+            if is(0, &Url) =>
+        {
+            ok!(
+                match name {
+                    "getScheme" => F::UrlScheme,
+                    "getHost" => F::UrlHost,
+                    "getHostname" => F::UrlHostname,
+                    "getPort" => F::UrlPort,
+                    _ => F::UrlEscapedPath,
+                },
+                Str
+            )
+        }
+        ("getQuery", true, 1) if is(0, &Url) => ok!(F::UrlQuery, Ty::map(Str, Ty::list(Str))),
         ("charAt", true, 2) if is(0, &Str) && is(1, &Int) => ok!(F::CharAt, Str),
         ("indexOf" | "lastIndexOf", true, 2 | 3) if t[0] == Str || (d(0) && is(1, &Str)) => {
             if is(1, &Str) && (n == 2 || is(2, &Int)) {
@@ -1313,5 +1400,28 @@ fn known_function(name: &str) -> bool {
             | "value"
             | "orValue"
             | "or"
+            | "ip"
+            | "isIP"
+            | "ip.isCanonical"
+            | "family"
+            | "isUnspecified"
+            | "isLoopback"
+            | "isLinkLocalMulticast"
+            | "isLinkLocalUnicast"
+            | "isGlobalUnicast"
+            | "cidr"
+            | "isCIDR"
+            | "containsIP"
+            | "containsCIDR"
+            | "masked"
+            | "prefixLength"
+            | "url"
+            | "isURL"
+            | "getScheme"
+            | "getHost"
+            | "getHostname"
+            | "getPort"
+            | "getEscapedPath"
+            | "getQuery"
     )
 }

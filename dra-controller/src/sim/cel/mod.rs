@@ -26,6 +26,11 @@
 //! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic and canonical formatting
 //!   that keeps the parsed format (`10Gi` stays `10Gi`; `sign(q)` is a global function, as
 //!   upstream); `semver.rs`: blang/semver rules and the library's normalize mode.
+//! - `net.rs` / `url.rs`: the base environment's IP, CIDR and URL libraries (`ip`, `isIP`,
+//!   `ip.isCanonical`, `cidr`, `isCIDR`, `url`, `isURL` and their member functions, the `net.IP`
+//!   and `net.CIDR` type names), with Go's `net/netip` and `net/url` (`ParseRequestURI`, then
+//!   `Parse`; Go 1.26 strict colons) rules for what parses and how it prints, and the cost
+//!   estimator's charges for parsing.
 //! - `fuse.rs`: selectors read the attributes they name straight from the ResourceSlice device
 //!   ([`RawDevice`]); the whole `device` value ([`device_value`]) is built only for other uses of
 //!   `device`. [`device_check`] raises the conversion errors the whole value would, once per
@@ -34,16 +39,19 @@
 //! Checked against cel-go by `tests/sim_differential.rs` (random selectors over random devices,
 //! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2).
 //!
-//! Not covered (documented differences): the URL, IP/CIDR, format (`"%s".format`) and authz
-//! libraries of the base environment; static cost estimation (the scheduler does not estimate;
-//! only admission does); the wording of some runtime `no such overload` errors (cel-go adds the
-//! function and argument types).
+//! Not covered (documented differences): the format (`"%s".format`) and authz libraries of the
+//! base environment; static cost estimation (the scheduler does not estimate; only admission
+//! does); the wording of some runtime `no such overload` errors (cel-go adds the function and
+//! argument types). URL edge: a percent-escape that decodes to bytes that are not UTF-8 is kept
+//! as U+FFFD (Go strings hold any bytes), visible only in what the accessors return.
 pub mod compile;
 pub mod eval;
 pub mod fuse;
+pub mod net;
 pub mod quantity;
 pub mod semver;
 pub mod types;
+pub mod url;
 pub mod value;
 
 use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
@@ -311,5 +319,7 @@ pub fn device_value(
     })))
 }
 
+#[cfg(test)]
+mod net_tests;
 #[cfg(test)]
 mod tests;

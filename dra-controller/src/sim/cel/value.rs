@@ -1,6 +1,8 @@
 //! Runtime values of the DRA CEL environment.
+use super::net::{Addr, Prefix};
 use super::quantity::Quantity;
 use super::semver::Semver;
+use super::url::Url;
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -17,6 +19,9 @@ pub enum Value {
     Map(Arc<MapVal>),
     Quantity(Quantity),
     Semver(Arc<Semver>),
+    Ip(Arc<Addr>),
+    Cidr(Arc<Prefix>),
+    Url(Arc<Url>),
     Optional(Option<Arc<Value>>),
     Type(&'static str),
     Device(Arc<DeviceVal>),
@@ -63,6 +68,9 @@ impl Value {
             Value::Map(_) => "map",
             Value::Quantity(_) => "kubernetes.Quantity",
             Value::Semver(_) => "kubernetes.Semver",
+            Value::Ip(_) => "net.IP",
+            Value::Cidr(_) => "net.CIDR",
+            Value::Url(_) => "kubernetes.URL",
             Value::Optional(_) => "optional_type",
             Value::Type(_) => "type",
             Value::Device(_) => "kubernetes.DRADevice",
@@ -82,6 +90,9 @@ impl Value {
             Value::Map(_) => "types.baseMap",
             Value::Quantity(_) => "cel.Quantity",
             Value::Semver(_) => "cel.Semver",
+            Value::Ip(_) => "cel.IP",
+            Value::Cidr(_) => "cel.CIDR",
+            Value::Url(_) => "cel.URL",
             Value::Optional(_) => "*types.Optional",
             Value::Type(_) => "*types.Type",
             Value::Device(_) => "*types.baseMap",
@@ -190,6 +201,12 @@ pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
         (Quantity(_), _) => return Err(NO_OVERLOAD.into()),
         (Semver(x), Semver(y)) => x.compare(y) == Ordering::Equal,
         (Semver(_), _) => return Err(NO_OVERLOAD.into()),
+        (Ip(x), Ip(y)) => x == y,
+        (Ip(_), _) => return Err(NO_OVERLOAD.into()),
+        (Cidr(x), Cidr(y)) => x == y,
+        (Cidr(_), _) => return Err(NO_OVERLOAD.into()),
+        (Url(x), Url(y)) => x.same(y),
+        (Url(_), _) => return Err(NO_OVERLOAD.into()),
         (Optional(x), Optional(y)) => match (x, y) {
             (None, None) => true,
             (Some(p), Some(q)) => equals(p, q)?,
