@@ -15,9 +15,11 @@
 //!    The Go side reads the same objects from one streamed file (a JSON tree in memory would not
 //!    fit at 5,000 nodes); it needs about 7 GiB at 5,000 nodes, the Rust side about 12 GiB.
 //!
-//! Usage: sim-bench [--nodes N] [--oracle PATH] [--warm-only|--cold-only]   (builds the oracle with
+//! Usage: sim-bench [--nodes N] [--pods P] [--oracle PATH] [--warm-only|--cold-only]   (builds the oracle with
 //! e2e/oracle/build.sh when --oracle is not given; set SIM_BENCH_NO_GO=1 to run the Rust side
-//! only; --warm-only / --cold-only run just that loop, for profiling)
+//! only; --warm-only / --cold-only run just that loop, for profiling; --pods P: at least P timed
+//! pods after the first on both sides, default 3: a collection of the whole Go heap falls into
+//! some pods and not others, so more pods average it in at its real rate)
 // The same allocator as the dra-controller binary, so the figures are the CLI's.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
@@ -85,11 +87,13 @@ fn main() -> anyhow::Result<()> {
     let mut oracle_arg = None;
     let mut warm_only = false;
     let mut cold_only = false;
+    let mut pods = 3u32;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--nodes" => nodes = args.next().expect("--nodes N").parse()?,
             "--oracle" => oracle_arg = args.next(),
+            "--pods" => pods = args.next().expect("--pods N").parse()?,
             // profiling aids: only the warm (or cold) allocation loop, no Go
             "--warm-only" => warm_only = true,
             "--cold-only" => cold_only = true,
@@ -198,7 +202,7 @@ fn main() -> anyhow::Result<()> {
     let rust_first = start.elapsed().as_secs_f64();
     let mut iters = 0u32;
     let start = Instant::now();
-    while !warm_only && (iters < 3 || start.elapsed() < Duration::from_secs(3)) {
+    while !warm_only && (iters < pods || start.elapsed() < Duration::from_secs(3)) {
         fits = cold_pod();
         iters += 1;
     }
@@ -274,6 +278,7 @@ fn main() -> anyhow::Result<()> {
         }
         let out = Command::new(bin)
             .arg("bench-alloc")
+            .env("BENCH_PODS", pods.to_string())
             .stdin(std::fs::File::open(&path)?)
             .output()?;
         let _ = std::fs::remove_file(&path);
