@@ -35,7 +35,7 @@ bench-plugin:
 	cargo bench -p dra-plugin --bench prepare
 
 bench-sim:
-	cargo run --release -p dra-controller --bin sim-bench -- --nodes 5000
+	cargo run --release -p dra-controller --bin sim-bench -- --nodes 5000 --pods 10
 
 ## What a simulated node publishes.
 slices:
