@@ -11,8 +11,10 @@
 //! and node selector. A coverage check keeps the mix healthy (≥30% allocated, shares, fall-throughs).
 //!
 //! Selectors include the IP, CIDR and URL libraries over literal addresses (valid and refused, both
-//! families, URLs with ports, queries and fragments). Known, documented differences, kept out of
-//! the grammar: the format/authz CEL libraries are not implemented (see `sim/cel/mod.rs`); error
+//! families, URLs with ports, queries and fragments), and `format` calls over literal and
+//! attribute arguments of every type (wrong verbs, bad clauses, missing or extra arguments, both
+//! checked at compile time and, behind `dyn`, at run time). Known, documented differences, kept
+//! out of the grammar: the authz CEL library is not implemented (see `sim/cel/mod.rs`); error
 //! texts are compared by kind only for CEL evaluations (runtime `no overload` details differ in
 //! wording).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
@@ -120,7 +122,7 @@ fn attr_ref(r: &mut Rng) -> (String, &'static str) {
 
 fn atom(r: &mut Rng) -> String {
     let (a, ty) = attr_ref(r);
-    match r.n(27) {
+    match r.n(29) {
         0..=5 => match ty {
             "s" => match r.n(5) {
                 0 => format!("{a} == \"{}\"", r.pick(MODELS)),
@@ -223,6 +225,7 @@ fn atom(r: &mut Rng) -> String {
             ])
         ),
         23 | 24 => net_atom(r),
+        25 | 26 => format_atom(r),
         _ => format!("device.attributes[\"{DRV}\"].all(k, v, k != \"\")"),
     }
 }
@@ -340,6 +343,88 @@ fn net_atom(r: &mut Rng) -> String {
         _ => format!(
             "url(\"{u}\") == url(\"{}\")",
             r.pick(&[u, "https://example.com", "HTTP://example.com/%7Euser"])
+        ),
+    }
+}
+
+/// Clauses for `format`: every verb, precisions, and clauses upstream refuses.
+const VERBS: &[&str] = &[
+    "%s", "%s", "%s", "%s", "%d", "%f", "%.2f", "%.0f", "%e", "%.12e", "%b", "%x", "%X", "%o",
+    "%%", "%q", "%.", "%5d",
+];
+/// `format` arguments of every type ($a: an attribute of any type).
+const FMT_ARGS: &[&str] = &[
+    "1",
+    "-42",
+    "7u",
+    "1.5",
+    "-0.0",
+    "1e21",
+    "123456.789",
+    "'h100'",
+    "'a\"b'",
+    "'NaN'",
+    "'-Infinity'",
+    "b'xy'",
+    "true",
+    "null",
+    "type(1)",
+    "[1, 'a', 2.5]",
+    "{'b': 1, 'a': [true], 'c': {2: null}}",
+    "[]",
+    "quantity('1Gi')",
+    "ip('10.0.0.1')",
+    "semver('1.2.3')",
+    "optional.of(1)",
+    "device.driver",
+    "$a",
+    "$a",
+    "[$a]",
+];
+
+/// `"<clauses>".format([args])` compared as a string, by size or by prefix; arguments may be
+/// one short or one too many, and `dyn` defers the checks to run time.
+fn format_atom(r: &mut Rng) -> String {
+    let n: usize = *r.pick(&[0, 1, 1, 1, 2, 2, 3]);
+    let mut f = String::new();
+    for _ in 0..n {
+        let sep = *r.pick(&["", " ", "-", "é"]);
+        let verb = *r.pick(VERBS);
+        f.push_str(sep);
+        f.push_str(verb);
+    }
+    if r.coin(5) {
+        f.push('%');
+    }
+    let k = (n + *r.pick(&[1, 1, 1, 1, 1, 1, 1, 1, 0, 2])).saturating_sub(1);
+    let args: Vec<String> = (0..k)
+        .map(|_| {
+            let arg = r.pick(FMT_ARGS).replace("$a", &attr_ref(r).0);
+            if r.coin(25) {
+                format!("dyn({arg})")
+            } else {
+                arg
+            }
+        })
+        .collect();
+    let mut target = format!("\"{f}\"");
+    if r.coin(10) {
+        target = format!("dyn({target})");
+    }
+    let mut list = format!("[{}]", args.join(", "));
+    if r.coin(10) {
+        list = format!("dyn({list})");
+    }
+    let call = format!("{target}.format({list})");
+    match r.n(3) {
+        0 => format!(
+            "{call} == \"{}\"",
+            r.pick(&["1", "h100", "", "1.500000", "-42", "true", "%"])
+        ),
+        1 => format!("{call}.size() > {}", r.n(8)),
+        _ => format!(
+            "{call}.startsWith(\"{}\")",
+            r.pick(&["1", "h", "-", "[", "{", "é"])
         ),
     }
 }

@@ -114,6 +114,7 @@ pub enum Func {
     Or,
     Includes,
     Quote,
+    Format,
     /// accumulator map + key + value (transformMap)
     MapInsert,
     /// accumulator map + map (transformMapEntry; duplicate keys are an error)
@@ -216,6 +217,12 @@ pub struct Compiler<'a> {
     pub max_slots: usize,
     src: &'a cel::common::ast::SourceInfo,
     text: &'a str,
+    /// Inside a `format` call: aggregate literals may be heterogeneous (upstream exempts them),
+    /// and static types are kept for the format check.
+    in_format: usize,
+    format_types: std::collections::HashMap<u64, Ty>,
+    /// Errors of upstream's AST validators, reported only when checking succeeded.
+    invalid: Vec<(u64, String)>,
 }
 
 type R = Result<(Node, Ty), String>;
@@ -235,7 +242,40 @@ impl<'a> Compiler<'a> {
             max_slots: 0,
             src,
             text,
+            in_format: 0,
+            format_types: Default::default(),
+            invalid: Vec::new(),
         }
+    }
+
+    /// A map literal's key or value type joined with the previous ones; a mismatch is the
+    /// homogeneous-literal validator's error (every one, unlike lists), unless inside `format`.
+    fn join_entry(&mut self, prev: Option<Ty>, t: Ty, id: u64) -> Ty {
+        let Some(p) = prev else { return t };
+        p.unify(&t).unwrap_or_else(|| {
+            if self.in_format == 0 {
+                self.invalid
+                    .push((id, format!("expected type '{p}' but found '{t}'")));
+            }
+            Ty::Dyn
+        })
+    }
+
+    /// The validators' errors, in source order (as cel-go lists them).
+    pub fn validated(&self) -> Result<(), String> {
+        if self.invalid.is_empty() {
+            return Ok(());
+        }
+        let mut errs: Vec<(u32, String)> = self
+            .invalid
+            .iter()
+            .map(|(id, m)| {
+                let at = self.src.offset_for(*id).map_or(0, |(s, _)| s);
+                (at, self.err(*id, m.clone()))
+            })
+            .collect();
+        errs.sort_by_key(|e| e.0);
+        Err(errs.into_iter().map(|e| e.1).collect::<Vec<_>>().join("\n"))
     }
 
     fn err(&self, id: u64, msg: String) -> String {
@@ -244,7 +284,8 @@ impl<'a> Compiler<'a> {
                 let start = start as usize;
                 let mut line = 1;
                 let mut col = 1;
-                for (i, c) in self.text.chars().enumerate() {
+                // offsets are in bytes, columns in characters
+                for (i, c) in self.text.char_indices() {
                     if i >= start {
                         break;
                     }
@@ -277,6 +318,14 @@ impl<'a> Compiler<'a> {
     }
 
     pub fn compile(&mut self, e: &IdedExpr) -> R {
+        let r = self.compile_expr(e)?;
+        if self.in_format > 0 {
+            self.format_types.insert(e.id, r.1.clone());
+        }
+        Ok(r)
+    }
+
+    fn compile_expr(&mut self, e: &IdedExpr) -> R {
         match &e.expr {
             Expr::Literal(l) => Ok(match l {
                 LiteralValue::Boolean(b) => (Node::Const(Value::Bool(*b.inner())), Ty::Bool),
@@ -360,6 +409,7 @@ impl<'a> Compiler<'a> {
                 let mut elems = Vec::new();
                 let mut optional = vec![false; l.elements.len()];
                 let mut ety: Option<Ty> = None;
+                let mut mismatched = false;
                 for (i, el) in l.elements.iter().enumerate() {
                     let (n, mut t) = self.compile(el)?;
                     if l.optional_indices.contains(&i) {
@@ -380,10 +430,15 @@ impl<'a> Compiler<'a> {
                         Some(prev) => match prev.unify(&t) {
                             Some(u) => u,
                             None => {
-                                return Err(self.err(
-                                    el.id,
-                                    format!("expected type '{prev}' but found '{t}'"),
-                                ));
+                                // a validator's error; inside `format` upstream exempts it
+                                if self.in_format == 0 && !mismatched {
+                                    self.invalid.push((
+                                        el.id,
+                                        format!("expected type '{prev}' but found '{t}'"),
+                                    ));
+                                }
+                                mismatched = true;
+                                Ty::Dyn
                             }
                         },
                     });
@@ -418,18 +473,8 @@ impl<'a> Compiler<'a> {
                     ) {
                         return Err(self.err(me.key.id, format!("unsupported map key type: {k}")));
                     }
-                    kt = Some(match kt {
-                        None => k,
-                        Some(p) => p.unify(&k).ok_or_else(|| {
-                            self.err(me.key.id, format!("expected type '{p}' but found '{k}'"))
-                        })?,
-                    });
-                    vt = Some(match vt {
-                        None => v,
-                        Some(p) => p.unify(&v).ok_or_else(|| {
-                            self.err(me.value.id, format!("expected type '{p}' but found '{v}'"))
-                        })?,
-                    });
+                    kt = Some(self.join_entry(kt, k, me.key.id));
+                    vt = Some(self.join_entry(vt, v, me.value.id));
                     entries.push((kn, vn, me.optional));
                 }
                 Ok((
@@ -913,6 +958,8 @@ impl<'a> Compiler<'a> {
                 rt,
             ));
         }
+        let is_format = fname == "format" && target.is_some();
+        self.in_format += usize::from(is_format);
         let mut nodes = Vec::new();
         let mut tys = Vec::new();
         if let Some(t) = target {
@@ -925,9 +972,15 @@ impl<'a> Compiler<'a> {
             nodes.push(n);
             tys.push(ty);
         }
+        self.in_format -= usize::from(is_format);
         let member = target.is_some();
         match resolve(&global, member, &tys) {
-            Ok((func, rt)) => Ok((Node::Call { func, args: nodes }, rt)),
+            Ok((func, rt)) => {
+                if func == Func::Format {
+                    self.check_format(id, call);
+                }
+                Ok((Node::Call { func, args: nodes }, rt))
+            }
             Err(None) => {
                 let shown = if member {
                     format!(
@@ -954,6 +1007,44 @@ impl<'a> Compiler<'a> {
                 ))
             }
             Err(Some(msg)) => Err(self.err(id, msg)),
+        }
+    }
+}
+
+impl Compiler<'_> {
+    /// ext.Strings' format validator: a literal format string over a literal list.
+    fn check_format(&mut self, id: u64, call: &CallExpr) {
+        let (Some(t), [arg]) = (call.target.as_deref(), call.args.as_slice()) else {
+            return;
+        };
+        let (Expr::Literal(LiteralValue::String(f)), Expr::List(l)) = (&t.expr, &arg.expr) else {
+            return;
+        };
+        let args: Vec<_> = l.elements.iter().map(|e| self.static_arg(e)).collect();
+        if let Err((at, msg)) = super::format::check(f.inner(), &args) {
+            self.invalid.push((at.unwrap_or(id), msg));
+        }
+    }
+
+    fn static_arg(&self, e: &IdedExpr) -> super::format::StaticArg {
+        let members = match &e.expr {
+            Expr::List(l) => l.elements.iter().map(|x| self.static_arg(x)).collect(),
+            Expr::Map(m) => m
+                .entries
+                .iter()
+                .filter_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+                    _ => None,
+                })
+                .flatten()
+                .map(|x| self.static_arg(x))
+                .collect(),
+            _ => Vec::new(),
+        };
+        super::format::StaticArg {
+            id: e.id,
+            ty: self.format_types.get(&e.id).cloned().unwrap_or(Ty::Dyn),
+            members,
         }
     }
 }
@@ -1267,6 +1358,7 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
         ("sort", true, 1) if list_like(0) => ok!(F::Sort, t[0].clone()),
         ("includes", true, 2) => ok!(F::Includes, Bool),
         ("strings.quote", false, 1) if is(0, &Str) => ok!(F::Quote, Str),
+        ("format", true, 2) if is(0, &Str) && list_like(1) => ok!(F::Format, Str),
         ("first" | "last", true, 1) if list_like(0) => {
             ok!(
                 if name == "first" { F::First } else { F::Last },
@@ -1391,6 +1483,7 @@ fn known_function(name: &str) -> bool {
             | "sets.contains"
             | "includes"
             | "strings.quote"
+            | "format"
             | "sets.equivalent"
             | "sets.intersects"
             | "optional.of"

@@ -20,7 +20,7 @@
 //! - `eval.rs`: our own interpreter over the checked program (compiled once, cached by `Cache`),
 //!   with cel-go's error-absorbing `&&`/`||`, heterogeneous equality, cross-type numeric
 //!   comparison, optional types (presence tests on non-maps answer "absent" like cel-go),
-//!   ext.Strings v2 (+ `strings.quote`), ext.Lists v3, Kubernetes lists library v1 (with
+//!   ext.Strings v2 (+ `strings.quote`, `format`), ext.Lists v3, Kubernetes lists library v1 (with
 //!   `includes`, new in 1.37), ext.Sets, regex `find`/`findAll`, and a runtime cost counter with
 //!   the 1,000,000 limit (`actual cost limit exceeded`).
 //! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic and canonical formatting
@@ -39,13 +39,22 @@
 //! Checked against cel-go by `tests/sim_differential.rs` (random selectors over random devices,
 //! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2).
 //!
-//! Not covered (documented differences): the format (`"%s".format`) and authz libraries of the
-//! base environment; static cost estimation (the scheduler does not estimate; only admission
-//! does); the wording of some runtime `no such overload` errors (cel-go adds the function and
-//! argument types). URL edge: a percent-escape that decodes to bytes that are not UTF-8 is kept
-//! as U+FFFD (Go strings hold any bytes), visible only in what the accessors return.
+//! - `format.rs`: ext.Strings `"<format>".format([args])` as v2 has it (cel-go's first
+//!   formatter: en_US `%f` grouping, `%e` with superscript exponents), with its compile-time
+//!   check of literal calls and the exemption of its arguments from the homogeneous-literal rule.
+//!
+//! Not covered (documented differences): the authz and `format.named` libraries of the base
+//! environment; static cost estimation (the scheduler does not estimate; only admission does);
+//! the wording of some runtime `no such overload` errors (cel-go adds the function and argument
+//! types); compile errors carry no source snippet, and point at the digits, not the sign, of a
+//! negative literal. `format` quotes list members by Go's `%q` without Unicode tables:
+//! unassigned code points stay unescaped, and refuses precisions above 2^20 (Go would allocate
+//! them). URL edge: a percent-escape that decodes to bytes that
+//! are not UTF-8 is kept as U+FFFD (Go strings hold any bytes), visible only in what the
+//! accessors return.
 pub mod compile;
 pub mod eval;
+pub mod format;
 pub mod fuse;
 pub mod net;
 pub mod quantity;
@@ -81,6 +90,8 @@ pub fn compile(expr: &str) -> Result<Program, String> {
     let mut c = compile::Compiler::new(&info, expr);
     let (node, ty) = c
         .compile(&ast)
+        .map_err(|e| format!("compilation failed: {e}"))?;
+    c.validated()
         .map_err(|e| format!("compilation failed: {e}"))?;
     if !(ty == types::Ty::Bool || ty.is_dyn()) {
         return Err(format!(
@@ -319,6 +330,8 @@ pub fn device_value(
     })))
 }
 
+#[cfg(test)]
+mod format_tests;
 #[cfg(test)]
 mod net_tests;
 #[cfg(test)]
