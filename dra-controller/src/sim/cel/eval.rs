@@ -5,7 +5,7 @@ use super::fuse::{FIELD_COST, PROP_COST};
 use super::net::{Addr, Prefix};
 use super::{RawDevice, raw_field};
 
-use super::value::{EvalResult, MapVal, NO_OVERLOAD, Value, equals, num_cmp};
+use super::value::{BYTES_NOT_UTF8, EvalResult, MapVal, NO_OVERLOAD, Value, equals, num_cmp};
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -56,6 +56,16 @@ impl Ctx<'_> {
     }
 
     #[inline]
+    /// The library calls that charge a tenth per character (rounded up, per character
+    /// `per`) instead of the 1 every call already cost.
+    fn charge_chars(&mut self, s: &str, per: u64) -> Result<(), String> {
+        self.charge(
+            (per * s.chars().count() as u64)
+                .div_ceil(10)
+                .saturating_sub(1),
+        )
+    }
+
     fn charge(&mut self, n: u64) -> Result<(), String> {
         self.cost += n;
         if self.cost > COST_LIMIT {
@@ -399,8 +409,7 @@ impl Ctx<'_> {
                 let (Str(s), List(l)) = (&a[0], &a[1]) else {
                     return no_overload();
                 };
-                // upstream: a tenth per character of the format string, instead of the call's 1
-                self.charge((s.chars().count() as u64).div_ceil(10).saturating_sub(1))?;
+                self.charge_chars(s, 1)?;
                 super::format::format(s, l).map(|s| Value::str(&s))
             }
             Func::MapInsert | Func::MapMerge => {
@@ -576,7 +585,7 @@ impl Ctx<'_> {
                 Bool(x) => Ok(Value::str(if *x { "true" } else { "false" })),
                 Bytes(x) => std::str::from_utf8(x)
                     .map(Value::str)
-                    .map_err(|_| "invalid UTF-8 in bytes, cannot convert to string".into()),
+                    .map_err(|_| BYTES_NOT_UTF8.into()),
                 Ip(x) => Ok(Value::str(&x.to_string())),
                 Cidr(p) => Ok(Value::str(&p.to_string())),
                 _ => no_overload(),
@@ -1026,9 +1035,6 @@ impl Ctx<'_> {
     /// when that is more.
     fn call_net(&mut self, f: Func, a: &[Value]) -> EvalResult {
         use Value::*;
-        fn chars(s: &str) -> u64 {
-            s.chars().count() as u64
-        }
         let str_arg = |i: usize| match a.get(i) {
             Some(Str(s)) => Ok(s.clone()),
             _ => no_overload(),
@@ -1036,8 +1042,7 @@ impl Ctx<'_> {
         match f {
             Func::Ip | Func::IsIp | Func::IpIsCanonical => {
                 let s = str_arg(0)?;
-                let per = if f == Func::IpIsCanonical { 2 } else { 1 };
-                self.charge((per * chars(&s)).div_ceil(10).saturating_sub(1))?;
+                self.charge_chars(&s, if f == Func::IpIsCanonical { 2 } else { 1 })?;
                 let r = Addr::parse(&s);
                 match f {
                     Func::Ip => r.map(|x| Ip(Arc::new(x))),
@@ -1047,7 +1052,7 @@ impl Ctx<'_> {
             }
             Func::Cidr | Func::IsCidr => {
                 let s = str_arg(0)?;
-                self.charge(chars(&s).div_ceil(10).saturating_sub(1))?;
+                self.charge_chars(&s, 1)?;
                 let r = Prefix::parse(&s);
                 if f == Func::IsCidr {
                     return b(r.is_ok());
@@ -1059,7 +1064,7 @@ impl Ctx<'_> {
                 if f == Func::IsUrl {
                     return b(super::url::Url::is_request_uri(&s));
                 }
-                self.charge(chars(&s).div_ceil(10).saturating_sub(1))?;
+                self.charge_chars(&s, 1)?;
                 super::url::Url::parse(&s).map(|x| Url(Arc::new(x)))
             }
             Func::IpFamily
@@ -1086,7 +1091,7 @@ impl Ctx<'_> {
                     cost += size.div_ceil(10) + 1;
                 }
                 if let Str(s) = &a[1] {
-                    cost += chars(s).div_ceil(10);
+                    cost += (s.chars().count() as u64).div_ceil(10);
                 }
                 self.charge(cost.saturating_sub(1))?;
                 match (f, &a[1]) {
@@ -1144,22 +1149,14 @@ fn unreachable_ok() -> EvalResult {
     Ok(Value::Bool(true))
 }
 
-/// `strings.quote`: a double-quoted string with Go-style escapes.
+/// `strings.quote`: a double-quoted string with Go's letter escapes; everything else as is.
 fn quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
-        match c {
-            '\x07' => out.push_str("\\a"),
-            '\x08' => out.push_str("\\b"),
-            '\x0c' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\x0b' => out.push_str("\\v"),
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            c => out.push(c),
+        match super::format::go_escape(c) {
+            Some(e) => out.push_str(e),
+            None => out.push(c),
         }
     }
     out.push('"');

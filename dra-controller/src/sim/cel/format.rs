@@ -5,7 +5,7 @@
 //! ([`check`]) with the static types of the arguments; everything else fails at run time
 //! ([`format`]).
 use super::types::Ty;
-use super::value::Value;
+use super::value::{BYTES_NOT_UTF8, Value};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Verb {
@@ -258,7 +258,9 @@ fn to_string(v: &Value) -> Result<String, String> {
         Bytes(b) => match std::str::from_utf8(b) {
             Ok(s) => s.to_string(),
             Err(_) => {
-                return Err("could not convert argument \"invalid UTF-8 in bytes, cannot convert to string\" to string".into());
+                return Err(format!(
+                    "could not convert argument {BYTES_NOT_UTF8:?} to string"
+                ));
             }
         },
         Type(t) => t.to_string(),
@@ -348,6 +350,23 @@ pub fn go_g(x: f64) -> String {
     format!("{sign}{body}")
 }
 
+/// The escapes Go writes with a letter (or the character itself) in a quoted string; both
+/// `strings.quote` and `strconv.Quote` use them.
+pub(crate) fn go_escape(c: char) -> Option<&'static str> {
+    Some(match c {
+        '"' => "\\\"",
+        '\\' => "\\\\",
+        '\u{7}' => "\\a",
+        '\u{8}' => "\\b",
+        '\u{c}' => "\\f",
+        '\n' => "\\n",
+        '\r' => "\\r",
+        '\t' => "\\t",
+        '\u{b}' => "\\v",
+        _ => return None,
+    })
+}
+
 /// Go's `strconv.Quote`. Printability is approximated without Unicode tables: controls,
 /// separators other than the space, format characters, private use and non-characters are
 /// escaped; unassigned code points are not (Go escapes them).
@@ -355,20 +374,13 @@ pub fn go_quote(s: &str) -> String {
     let mut out = String::with_capacity(s.len() + 2);
     out.push('"');
     for c in s.chars() {
-        match c {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            '\u{7}' => out.push_str("\\a"),
-            '\u{8}' => out.push_str("\\b"),
-            '\u{c}' => out.push_str("\\f"),
-            '\n' => out.push_str("\\n"),
-            '\r' => out.push_str("\\r"),
-            '\t' => out.push_str("\\t"),
-            '\u{b}' => out.push_str("\\v"),
-            c if go_printable(c) => out.push(c),
-            c if (c as u32) < 0x80 => out.push_str(&format!("\\x{:02x}", c as u32)),
-            c if (c as u32) < 0x10000 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push_str(&format!("\\U{:08x}", c as u32)),
+        let u = c as u32;
+        match go_escape(c) {
+            Some(e) => out.push_str(e),
+            None if go_printable(c) => out.push(c),
+            None if u < 0x80 => out.push_str(&format!("\\x{u:02x}")),
+            None if u < 0x10000 => out.push_str(&format!("\\u{u:04x}")),
+            None => out.push_str(&format!("\\U{u:08x}")),
         }
     }
     out.push('"');

@@ -47,6 +47,8 @@ pub struct DeviceVal {
 pub type EvalResult = Result<Value, String>;
 
 pub const NO_OVERLOAD: &str = "no such overload";
+/// `string(bytes)` on bytes that are not UTF-8 (also inside `format`'s `%s`).
+pub const BYTES_NOT_UTF8: &str = "invalid UTF-8 in bytes, cannot convert to string";
 
 impl Value {
     pub fn str(s: &str) -> Value {
