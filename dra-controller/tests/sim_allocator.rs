@@ -3,9 +3,10 @@
 //! table: each case names the upstream scenario it follows, builds the objects with small helpers
 //! and states the expected outcome — the devices per claim in result order, "unsatisfiable", or an
 //! error containing a given text.
-use dra_controller::sim::alloc::{AllocatedState, Allocator, SimNode};
+use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value as J, json};
+use std::sync::Arc;
 
 const DRV: &str = "driver.example.com";
 const NODE: &str = "node-1";
@@ -134,7 +135,23 @@ fn run_case(c: &Case) -> (Want, Option<Vec<J>>) {
         name: NODE.into(),
         labels: [("zone".to_string(), "a".to_string())].into(),
     };
-    match a.allocate(&node, &claims) {
+    let outcome = a.allocate(&node, &claims);
+    // The same answer, errors included, with every slice's facts computed before the search
+    // (the slice store of `sim-bench`) instead of when the search reaches them.
+    let facts = Arc::new(SliceFacts::build(&slices));
+    let stored = Allocator::with_cache(
+        &classes,
+        &slices,
+        AllocatedState::from_claims(&allocated),
+        Arc::new(DeviceCache::with_facts(&slices, facts)),
+    );
+    assert_eq!(
+        stored.allocate(&node, &claims),
+        outcome,
+        "{}: with slice facts built up front",
+        c.name
+    );
+    match outcome {
         Ok(None) => (Want::Unsatisfiable, None),
         Err(e) => {
             // report the whole message; the comparison below checks containment

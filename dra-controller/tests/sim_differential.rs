@@ -18,12 +18,13 @@
 //! texts are compared by kind only for CEL evaluations (runtime `no overload` details differ in
 //! wording).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
-use dra_controller::sim::alloc::{AllocatedState, Allocator, SimNode};
+use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use dra_controller::sim::cel;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value as J, json};
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
+use std::sync::Arc;
 
 struct Rng(u64);
 impl Rng {
@@ -929,7 +930,23 @@ fn rust_alloc(c: &J) -> J {
         name: c["node"]["name"].as_str().expect("node name").to_string(),
         labels: serde_json::from_value(c["node"]["labels"].clone()).expect("node labels"),
     };
-    match a.allocate(&node, &claims) {
+    let outcome = a.allocate(&node, &claims);
+    // The slice store's way (every slice's facts computed before the search) answers the same.
+    let stored = Allocator::with_cache(
+        &classes,
+        &slices,
+        AllocatedState::from_claims(&allocated),
+        Arc::new(DeviceCache::with_facts(
+            &slices,
+            Arc::new(SliceFacts::build(&slices)),
+        )),
+    );
+    assert_eq!(
+        stored.allocate(&node, &claims),
+        outcome,
+        "slice facts built up front"
+    );
+    match outcome {
         Ok(Some(res)) => json!({"status": "ok", "results": res}),
         Ok(None) => json!({"status": "unsatisfiable"}),
         Err(e) => json!({"status": "error", "error": e}),

@@ -74,14 +74,17 @@ impl AllocatedState {
     }
 }
 
-/// Per-device data derived from a fixed set of slices and classes, shareable between allocators
-/// (one per pod, like the scheduler's per-cycle allocator) as long as the slices and classes stay
-/// the same, much as the scheduler keeps its slice informer cache between cycles: whether each
-/// device converts to a CEL `device` value (checked once, on first use) and the outcome of each
-/// class's selectors on it (errors are not kept: they are raised again, with the claim's name).
-/// Per-device entries are made for a slice when the search first reaches it.
-pub struct DeviceCache {
-    devices: Vec<OnceLock<Box<[DeviceEntry]>>>,
+/// What can be known about a set of slices without any class or claim, each fact computed once
+/// per slice: whether each device converts to a CEL `device` value, the slice's shared counters,
+/// the counters its devices consume, and duplicate device names. The Go allocator works these
+/// out again for every pod and node (it converts every slice it gathers and validates every
+/// pool); a scheduler holding this next to its slice informer, as upstream's converting
+/// ResourceSlice informer does for the conversion, computes them when a slice arrives.
+/// Facts are made lazily, when the search first reaches a slice, or all at once with
+/// [`SliceFacts::build`].
+pub struct SliceFacts {
+    /// per slice, per device: `cel::device_check`, the device's conversion error if any
+    checks: Vec<PerDevice<OnceLock<Result<(), String>>>>,
     /// per slice: parsed shared counters (counter set -> counter -> quantity)
     counters: Vec<OnceLock<Counters>>,
     /// per slice: the first device name that occurs twice in it
@@ -94,18 +97,16 @@ pub struct DeviceCache {
 
 type CounterRefs = Vec<(String, Vec<String>)>;
 
-#[derive(Default)]
-struct DeviceEntry {
-    /// `cel::device_check`: the device's conversion error, if any
-    check: OnceLock<Result<(), String>>,
-    /// class name -> all class selectors true
-    class_ok: Mutex<Vec<(String, bool)>>,
-}
+/// One entry per device of a slice, made when the slice is first reached.
+type PerDevice<T> = OnceLock<Box<[T]>>;
 
-impl DeviceCache {
+/// class name -> all of the class's selectors true on the device
+type ClassOutcomes = Mutex<Vec<(String, bool)>>;
+
+impl SliceFacts {
     pub fn new(slices: &[ResourceSlice]) -> Self {
-        DeviceCache {
-            devices: slices.iter().map(|_| OnceLock::new()).collect(),
+        SliceFacts {
+            checks: slices.iter().map(|_| OnceLock::new()).collect(),
             counters: slices.iter().map(|_| OnceLock::new()).collect(),
             dup_name: slices.iter().map(|_| OnceLock::new()).collect(),
             counter_refs: slices.iter().map(|_| OnceLock::new()).collect(),
@@ -113,12 +114,33 @@ impl DeviceCache {
         }
     }
 
-    fn entry(&self, slices: &[ResourceSlice], slice: usize, device: usize) -> &DeviceEntry {
-        &self.devices[slice].get_or_init(|| {
+    /// Every slice's facts, computed now (as slices arrive) rather than during a search.
+    pub fn build(slices: &[ResourceSlice]) -> Self {
+        let f = Self::new(slices);
+        for (i, s) in slices.iter().enumerate() {
+            f.counters(slices, i);
+            f.dup_name(slices, i);
+            f.counter_refs(slices, i);
+            for (j, d) in s.spec.devices.iter().flatten().enumerate() {
+                f.check(slices, i, j, || cel::RawDevice::of(&s.spec.driver, d));
+            }
+        }
+        f
+    }
+
+    fn check<'d>(
+        &self,
+        slices: &[ResourceSlice],
+        slice: usize,
+        device: usize,
+        raw: impl FnOnce() -> cel::RawDevice<'d>,
+    ) -> &Result<(), String> {
+        self.checks[slice].get_or_init(|| {
             (0..slices[slice].spec.devices.as_ref().map_or(0, |d| d.len()))
-                .map(|_| DeviceEntry::default())
+                .map(|_| OnceLock::new())
                 .collect()
         })[device]
+            .get_or_init(|| cel::device_check(&raw()))
     }
 
     fn counters(&self, slices: &[ResourceSlice], i: usize) -> &Counters {
@@ -139,6 +161,85 @@ impl DeviceCache {
             }
             sets
         })
+    }
+
+    fn counter_refs(&self, slices: &[ResourceSlice], i: usize) -> &CounterRefs {
+        self.counter_refs[i]
+            .get_or_init(|| counter_refs_of(slices[i].spec.devices.as_deref().unwrap_or(&[])))
+    }
+
+    fn dup_name(&self, slices: &[ResourceSlice], i: usize) -> Option<&str> {
+        self.dup_name[i]
+            .get_or_init(|| {
+                let devices = slices[i].spec.devices.as_deref().unwrap_or(&[]);
+                devices.iter().for_each(|d| prefetch(d.name.as_ptr()));
+                let mut seen = FastSet::with_capacity_and_hasher(devices.len(), Default::default());
+                devices
+                    .iter()
+                    .find(|d| !seen.insert(d.name.as_str()))
+                    .map(|d| d.name.clone())
+            })
+            .as_deref()
+    }
+
+    fn dup_name_across(&self, slices: &[ResourceSlice], device_slices: &[usize]) -> Option<String> {
+        if let Some(r) = self
+            .dup_across
+            .lock()
+            .expect("dup cache lock")
+            .get(device_slices)
+        {
+            return r.clone();
+        }
+        let devices = || {
+            device_slices
+                .iter()
+                .flat_map(|&i| slices[i].spec.devices.iter().flatten())
+        };
+        devices().for_each(|d| prefetch(d.name.as_ptr()));
+        let mut seen = FastSet::with_capacity_and_hasher(devices().count(), Default::default());
+        let r = devices()
+            .find(|d| !seen.insert(d.name.as_str()))
+            .map(|d| d.name.clone());
+        self.dup_across
+            .lock()
+            .expect("dup cache lock")
+            .insert(device_slices.to_vec(), r.clone());
+        r
+    }
+}
+
+/// Per-device data derived from a fixed set of slices and classes, shareable between allocators
+/// (one per pod, like the scheduler's per-cycle allocator) as long as the slices and classes stay
+/// the same: the slices' [`SliceFacts`] and the outcome of each class's selectors on each device
+/// (errors are not kept: they are raised again, with the claim's name). Per-device entries are
+/// made for a slice when the search first reaches it.
+pub struct DeviceCache {
+    facts: Arc<SliceFacts>,
+    /// per slice, per device: class name -> all class selectors true
+    class_ok: Vec<PerDevice<ClassOutcomes>>,
+}
+
+impl DeviceCache {
+    pub fn new(slices: &[ResourceSlice]) -> Self {
+        Self::with_facts(slices, Arc::new(SliceFacts::new(slices)))
+    }
+
+    /// Fresh class outcomes over facts kept for these slices.
+    pub fn with_facts(slices: &[ResourceSlice], facts: Arc<SliceFacts>) -> Self {
+        assert_eq!(facts.checks.len(), slices.len(), "facts of other slices");
+        DeviceCache {
+            facts,
+            class_ok: slices.iter().map(|_| OnceLock::new()).collect(),
+        }
+    }
+
+    fn class_ok(&self, slices: &[ResourceSlice], slice: usize, device: usize) -> &ClassOutcomes {
+        &self.class_ok[slice].get_or_init(|| {
+            (0..slices[slice].spec.devices.as_ref().map_or(0, |d| d.len()))
+                .map(|_| Mutex::default())
+                .collect()
+        })[device]
     }
 }
 
@@ -422,7 +523,7 @@ impl<'a> Allocator<'a> {
         cache: Arc<DeviceCache>,
     ) -> Self {
         assert_eq!(
-            cache.devices.len(),
+            cache.class_ok.len(),
             slices.len(),
             "cache built for other slices"
         );
@@ -467,9 +568,8 @@ impl<'a> Allocator<'a> {
         let raw = cel::RawDevice::of(&s.spec.driver, d);
         match self
             .cache
-            .entry(self.slices, slice_idx, dev_idx)
-            .check
-            .get_or_init(|| cel::device_check(&raw))
+            .facts
+            .check(self.slices, slice_idx, dev_idx, || raw)
         {
             Ok(()) => Ok(raw),
             Err(e) => Err(e),
@@ -477,65 +577,19 @@ impl<'a> Allocator<'a> {
     }
 
     pub(crate) fn cache_counters(&self, slice_idx: usize) -> &Counters {
-        self.cache.counters(self.slices, slice_idx)
+        self.cache.facts.counters(self.slices, slice_idx)
     }
 
     pub(crate) fn cache_counter_refs(&self, slice_idx: usize) -> &CounterRefs {
-        self.cache.counter_refs[slice_idx].get_or_init(|| {
-            counter_refs_of(
-                self.slices[slice_idx]
-                    .spec
-                    .devices
-                    .as_deref()
-                    .unwrap_or(&[]),
-            )
-        })
+        self.cache.facts.counter_refs(self.slices, slice_idx)
     }
 
     pub(crate) fn cache_dup_name_across(&self, device_slices: &[usize]) -> Option<String> {
-        if let Some(r) = self
-            .cache
-            .dup_across
-            .lock()
-            .expect("dup cache lock")
-            .get(device_slices)
-        {
-            return r.clone();
-        }
-        let devices = || {
-            device_slices
-                .iter()
-                .flat_map(|&i| self.slices[i].spec.devices.iter().flatten())
-        };
-        devices().for_each(|d| prefetch(d.name.as_ptr()));
-        let mut seen = FastSet::with_capacity_and_hasher(devices().count(), Default::default());
-        let r = devices()
-            .find(|d| !seen.insert(d.name.as_str()))
-            .map(|d| d.name.clone());
-        self.cache
-            .dup_across
-            .lock()
-            .expect("dup cache lock")
-            .insert(device_slices.to_vec(), r.clone());
-        r
+        self.cache.facts.dup_name_across(self.slices, device_slices)
     }
 
     pub(crate) fn cache_dup_name(&self, slice_idx: usize) -> Option<&str> {
-        self.cache.dup_name[slice_idx]
-            .get_or_init(|| {
-                let devices = self.slices[slice_idx]
-                    .spec
-                    .devices
-                    .as_deref()
-                    .unwrap_or(&[]);
-                devices.iter().for_each(|d| prefetch(d.name.as_ptr()));
-                let mut seen = FastSet::with_capacity_and_hasher(devices.len(), Default::default());
-                devices
-                    .iter()
-                    .find(|d| !seen.insert(d.name.as_str()))
-                    .map(|d| d.name.clone())
-            })
-            .as_deref()
+        self.cache.facts.dup_name(self.slices, slice_idx)
     }
 
     pub(crate) fn class_result(
@@ -546,8 +600,7 @@ impl<'a> Allocator<'a> {
     ) -> Option<bool> {
         let e = self
             .cache
-            .entry(self.slices, slice_idx, dev_idx)
-            .class_ok
+            .class_ok(self.slices, slice_idx, dev_idx)
             .lock()
             .expect("class cache lock");
         e.iter().find(|(c, _)| c == class).map(|(_, b)| *b)
@@ -556,8 +609,7 @@ impl<'a> Allocator<'a> {
     fn set_class_result(&self, slice_idx: usize, dev_idx: usize, class: &str, ok: bool) {
         let mut e = self
             .cache
-            .entry(self.slices, slice_idx, dev_idx)
-            .class_ok
+            .class_ok(self.slices, slice_idx, dev_idx)
             .lock()
             .expect("class cache lock");
         if !e.iter().any(|(c, _)| c == class) {
