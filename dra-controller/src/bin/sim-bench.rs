@@ -17,7 +17,7 @@
 //!    next on this VM, and a Go pod took 3 to 8 s depending on whether a garbage collection of
 //!    the whole heap fell inside it.
 //!    The Go side reads the same objects from one streamed file (a JSON tree in memory would not
-//!    fit at 5,000 nodes); it needs about 7 GiB at 5,000 nodes, the Rust side about 12 GiB.
+//!    fit at 5,000 nodes); it needs about 7 GiB at 5,000 nodes, the Rust side about 14 GiB.
 //!
 //! Usage: sim-bench [--nodes N] [--pods P] [--oracle PATH] [--warm-only|--cold-only]   (builds the oracle with
 //! e2e/oracle/build.sh when --oracle is not given; set SIM_BENCH_NO_GO=1 to run the Rust side

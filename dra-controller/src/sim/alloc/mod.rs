@@ -114,18 +114,33 @@ impl SliceFacts {
         }
     }
 
-    /// Every slice's facts, computed now (as slices arrive) rather than during a search.
+    /// Every slice's facts, computed now (as slices arrive) rather than during a search, the
+    /// slices shared out over the machine's cores.
     pub fn build(slices: &[ResourceSlice]) -> Self {
         let f = Self::new(slices);
-        for (i, s) in slices.iter().enumerate() {
-            f.counters(slices, i);
-            f.dup_name(slices, i);
-            f.counter_refs(slices, i);
-            for (j, d) in s.spec.devices.iter().flatten().enumerate() {
-                f.check(slices, i, j, || cel::RawDevice::of(&s.spec.driver, d));
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let chunk = slices.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for start in (0..slices.len()).step_by(chunk) {
+                let f = &f;
+                scope.spawn(move || {
+                    for i in start..(start + chunk).min(slices.len()) {
+                        f.fill(slices, i);
+                    }
+                });
             }
-        }
+        });
         f
+    }
+
+    fn fill(&self, slices: &[ResourceSlice], i: usize) {
+        let s = &slices[i];
+        self.counters(slices, i);
+        self.dup_name(slices, i);
+        self.counter_refs(slices, i);
+        for (j, d) in s.spec.devices.iter().flatten().enumerate() {
+            self.check(slices, i, j, || cel::RawDevice::of(&s.spec.driver, d));
+        }
     }
 
     fn check<'d>(
