@@ -112,9 +112,9 @@ pub struct RunArgs {
     #[arg(long, env = "HEALTH_HOLD_DOWN_SECONDS", default_value_t = 300)]
     pub health_hold_down_seconds: u64,
     /// Async worker threads. Checkpoint and CDI writes, NVML and MIG calls run on a separate
-    /// blocking pool, so the workers only decode, plan and hand off; more than one mostly adds
-    /// wake-ups between them.
-    #[arg(long, env = "WORKER_THREADS", default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    /// blocking pool, so the workers only decode, plan and hand off; two let a burst of calls
+    /// use two cores.
+    #[arg(long, env = "WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub worker_threads: u16,
 }
 
@@ -149,8 +149,8 @@ mod tests {
     }
 
     #[test]
-    fn worker_threads_default_to_one_and_reject_zero() {
-        assert_eq!(run(&[]).unwrap().worker_threads, 1);
+    fn worker_threads_default_to_two_and_reject_zero() {
+        assert_eq!(run(&[]).unwrap().worker_threads, 2);
         assert_eq!(run(&["--worker-threads", "4"]).unwrap().worker_threads, 4);
         let err = run(&["--worker-threads", "0"]).unwrap_err().to_string();
         assert!(err.contains("--worker-threads"), "{err}");
