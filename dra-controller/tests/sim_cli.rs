@@ -80,16 +80,11 @@ fn simulate_embedded_default_picks_the_mig_slice() {
     );
 }
 
-#[test]
-fn malformed_yaml_names_file_document_and_field() {
+/// `simulate` on a file `name` holding `yaml`, which must fail; its stderr.
+fn simulate_fails(name: &str, yaml: &str) -> String {
     let dir = tempfile::tempdir().expect("tempdir");
-    let f = dir.path().join("bad-claims.yaml");
-    std::fs::write(
-        &f,
-        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: ok}\nspec: {devices: {requests: [{name: a, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n---\n\
-         apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: bad}\nspec: {devices: {requests: [{name: a, exactly: {deviceClassName: gpu.nvidia.com, count: many}}]}}\n",
-    )
-    .expect("write");
+    let f = dir.path().join(name);
+    std::fs::write(&f, yaml).expect("write");
     let o = bin()
         .arg("simulate")
         .arg(&f)
@@ -97,8 +92,21 @@ fn malformed_yaml_names_file_document_and_field() {
         .expect("run dra-controller");
     let (out, err) = text(&o);
     assert!(!o.status.success(), "stdout: {out}");
-    assert!(err.contains("bad-claims.yaml"), "stderr: {err}");
-    assert!(err.contains("document 1"), "stderr: {err}");
+    assert!(err.contains(name), "stderr: {err}");
+    err
+}
+
+#[test]
+fn malformed_yaml_names_file_document_and_field() {
+    let err = simulate_fails(
+        "bad-claims.yaml",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: ok}\nspec: {devices: {requests: [{name: a, exactly: {deviceClassName: gpu.nvidia.com}}]}}\n---\n\
+         apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: bad}\nspec: {devices: {requests: [{name: a, exactly: {deviceClassName: gpu.nvidia.com, count: many}}]}}\n",
+    );
+    assert!(
+        err.contains("document 2 (ResourceClaim bad)"),
+        "stderr: {err}"
+    );
     assert!(
         err.contains("spec.devices.requests[0].exactly.count"),
         "stderr: {err}"
@@ -129,4 +137,19 @@ fn unsatisfiable_explains_the_counts() {
     assert!(all.contains("request gpus (wants 9)"), "{all}");
     assert!(all.contains("8 passed class selectors"), "{all}");
     assert!(all.contains("devices considered"), "{all}");
+}
+
+#[test]
+fn a_misspelt_field_is_an_error_not_a_different_claim() {
+    let err = simulate_fails(
+        "typo.yaml",
+        "apiVersion: resource.k8s.io/v1\nkind: ResourceClaim\nmetadata: {name: typo}\n\
+         spec: {devices: {requests: [{name: a, exactly: {deviceClassName: gpu.nvidia.com, selector: []}}]}}\n",
+    );
+    assert!(
+        err.contains(
+            "document 1 (ResourceClaim typo): field spec.devices.requests[0].exactly.selector: unknown field"
+        ),
+        "stderr: {err}"
+    );
 }

@@ -1,5 +1,6 @@
 //! Loading resource.k8s.io/v1 objects from multi-document YAML or JSON files and directories, with
-//! errors naming the file, the document index and the field path.
+//! errors naming the file, the document (counted from 1, with the object's kind and name) and the
+//! field path; fields the API does not know are errors, as with kubectl's strict validation.
 use anyhow::{Context, Result, bail};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
@@ -39,23 +40,70 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     Ok(out)
 }
 
-fn typed<T: serde::de::DeserializeOwned>(v: serde_yaml::Value, origin: &str) -> Result<T> {
+fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(
+    v: serde_yaml::Value,
+    origin: &str,
+) -> Result<T> {
     let json: serde_json::Value =
         serde_json::to_value(&v).with_context(|| format!("{origin}: not representable as JSON"))?;
-    serde_path_to_error::deserialize(json).map_err(|e| {
+    let t: T = serde_path_to_error::deserialize(&json).map_err(|e| {
         let path = e.path().to_string();
         anyhow::anyhow!(
             "{origin}: field {}: {}",
             if path == "." { "(root)".into() } else { path },
             e.inner()
         )
-    })
+    })?;
+    // The API server rejects unknown fields (kubectl's default strict validation); here a typo
+    // such as `deviceClasName` would otherwise vanish and the answer would be for another claim.
+    let back = serde_json::to_value(&t).with_context(|| format!("{origin}: re-encoding"))?;
+    if let Some(path) = unknown_field(&json, &back, &mut String::new()) {
+        bail!("{origin}: field {path}: unknown field");
+    }
+    Ok(t)
+}
+
+/// The first field set in `given` (not null) that the typed object `kept` does not have.
+fn unknown_field(
+    given: &serde_json::Value,
+    kept: &serde_json::Value,
+    path: &mut String,
+) -> Option<String> {
+    use serde_json::Value;
+    let len = path.len();
+    let found = match (given, kept) {
+        (Value::Object(g), Value::Object(k)) => g.iter().find_map(|(key, gv)| {
+            if gv.is_null() {
+                return None;
+            }
+            path.truncate(len);
+            if !path.is_empty() {
+                path.push('.');
+            }
+            path.push_str(key);
+            match k.get(key) {
+                None => Some(path.clone()),
+                Some(kv) => unknown_field(gv, kv, path),
+            }
+        }),
+        (Value::Array(g), Value::Array(k)) => {
+            g.iter().zip(k).enumerate().find_map(|(i, (gv, kv))| {
+                path.truncate(len);
+                path.push_str(&format!("[{i}]"));
+                unknown_field(gv, kv, path)
+            })
+        }
+        _ => None,
+    };
+    path.truncate(len);
+    found
 }
 
 /// Parses every document of `text` (named `name` in errors) into `objs`.
 pub fn load_str(name: &str, text: &str, objs: &mut Objects) -> Result<()> {
+    // Documents count from 1, as a person counts them in the file.
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
-        let origin = format!("{name}: document {i}");
+        let origin = format!("{name}: document {}", i + 1);
         let v =
             serde_yaml::Value::deserialize(doc).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
         add_value(v, &origin, objs)?;
@@ -74,10 +122,25 @@ fn add_value(v: serde_yaml::Value, origin: &str, objs: &mut Objects) -> Result<(
         .and_then(|k| k.as_str())
         .unwrap_or("")
         .to_string();
+    // The object's own name finds it faster than a count, when the name itself is readable.
+    let named = match v
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(|n| n.as_str())
+    {
+        Some(n) if !kind.is_empty() => format!("{origin} ({kind} {n})"),
+        _ => origin.to_string(),
+    };
+    let origin = named.as_str();
     match kind.as_str() {
         "ResourceSlice" => objs.slices.push(typed(v, origin)?),
         "DeviceClass" => objs.classes.push(typed(v, origin)?),
-        "ResourceClaim" => objs.claims.push(typed(v, origin)?),
+        "ResourceClaim" => {
+            let mut c: ResourceClaim = typed(v, origin)?;
+            // as `kubectl apply` would place it, and as claims from templates are named
+            c.metadata.namespace.get_or_insert_with(|| "default".into());
+            objs.claims.push(c);
+        }
         "ResourceClaimTemplate" => {
             let t: ResourceClaimTemplate = typed(v, origin)?;
             objs.claims.push(claim_from_template(&t));
@@ -130,4 +193,55 @@ pub fn load_paths(paths: &[PathBuf], objs: &mut Objects) -> Result<()> {
 
 pub fn display(p: &Path) -> String {
     p.display().to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> Result<Objects> {
+        let mut objs = Objects::default();
+        load_str("f.yaml", text, &mut objs)?;
+        Ok(objs)
+    }
+
+    #[test]
+    fn unknown_fields_are_named_with_their_path() {
+        let err = load(
+            "kind: ResourceSlice\napiVersion: resource.k8s.io/v1\nmetadata: {name: s}\n\
+             spec: {driver: d, pool: {name: p, generation: 1, resourceSliceCount: 1}, nodeName: n,\n\
+             devices: [{name: a}, {name: b, attributes: {x: {int: 1}}, capacitty: {}}]}\n",
+        )
+        .err()
+        .expect("a misspelt field is an error")
+        .to_string();
+        assert_eq!(
+            err,
+            "f.yaml: document 1 (ResourceSlice s): field spec.devices[1].capacitty: unknown field"
+        );
+        let err = load("kind: DeviceClass\nmetadata: {name: c}\nspec: {}\nstatus: {}\n")
+            .err()
+            .expect("DeviceClass has no status")
+            .to_string();
+        assert!(err.ends_with("field status: unknown field"), "{err}");
+    }
+
+    #[test]
+    fn nulls_free_form_maps_and_defaults_pass() {
+        let objs = load(
+            "kind: ResourceClaim\napiVersion: resource.k8s.io/v1\n\
+             metadata: {name: c, creationTimestamp: null, labels: {any/key: v}, annotations: {}}\n\
+             spec: {devices: {requests: [{name: r, exactly: {deviceClassName: k, count: 1,\n\
+             adminAccess: false, selectors: [], tolerations: null}}], constraints: null}}\n\
+             ---\n\
+             kind: DeviceClass\nmetadata: {name: k}\nspec: {config: [{opaque: {driver: d,\n\
+             parameters: {apiVersion: v, kind: K, anything: {nested: [1, 2]}}}}]}\n",
+        )
+        .expect("known fields only");
+        assert_eq!(
+            objs.claims[0].metadata.namespace.as_deref(),
+            Some("default")
+        );
+        assert_eq!(objs.classes.len(), 1);
+    }
 }
