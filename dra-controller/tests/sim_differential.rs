@@ -227,6 +227,7 @@ fn atom(r: &mut Rng) -> String {
         ),
         23 | 24 => net_atom(r),
         25 | 26 => format_atom(r),
+        27 => authz_atom(r),
         _ => format!("device.attributes[\"{DRV}\"].all(k, v, k != \"\")"),
     }
 }
@@ -382,6 +383,55 @@ const FMT_ARGS: &[&str] = &[
     "$a",
     "[$a]",
 ];
+
+/// The authz library, declared without an `authorizer`: chains that type-check through `dyn`
+/// (and fail when run, unless `||`/`&&` absorb it), and ones that do not (wrong receiver, wrong
+/// arguments, a missing accessor).
+fn authz_atom(r: &mut Rng) -> String {
+    let mut e = r
+        .pick(&[
+            "dyn(1)",
+            "dyn('x')",
+            "dyn(device.driver)",
+            "device.driver",
+            "dyn(device.attributes[\"gpu.nvidia.com\"].model)",
+        ])
+        .to_string();
+    let steps: &[&str] = &[
+        ".path('/metrics')",
+        ".group('apps')",
+        ".serviceAccount('ns', 'sa')",
+        ".resource('deployments')",
+        ".subresource('scale')",
+        ".namespace('default')",
+        ".name('x')",
+        ".fieldSelector('a=b')",
+        ".labelSelector('c in (d)')",
+        ".check('get')",
+        ".group(1)",
+        ".check()",
+        ".serviceAccount('sa')",
+    ];
+    for _ in 0..r.n(4) {
+        let step = *r.pick(steps);
+        e.push_str(step);
+    }
+    let end = *r.pick(&[
+        ".allowed()",
+        ".errored()",
+        ".reason() == ''",
+        ".error() != 'x'",
+        ".denied()",
+        " == true",
+        "",
+    ]);
+    e.push_str(end);
+    match r.n(3) {
+        0 => format!("({e} || true)"),
+        1 => format!("(false && {e})"),
+        _ => e,
+    }
+}
 
 /// `"<clauses>".format([args])` compared as a string, by size or by prefix; arguments may be
 /// one short or one too many, and `dyn` defers the checks to run time.

@@ -121,6 +121,8 @@ pub enum Func {
     MapMerge,
     /// list + its sort keys (the `sortBy` macro)
     SortByKeys,
+    /// any function of the authz library: only ever reached with a receiver of another type
+    Authz,
 }
 
 #[derive(Debug)]
@@ -1300,6 +1302,21 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             )
         }
         ("getQuery", true, 1) if is(0, &Url) => ok!(F::UrlQuery, Ty::map(Str, Ty::list(Str))),
+        ("check", true, 2)
+            if (is(0, &Authz("PathCheck")) || t[0] == Authz("ResourceCheck")) && is(1, &Str) =>
+        {
+            ok!(F::Authz, Authz("Decision"))
+        }
+        (_, true, _) if authz_member(name).is_some() => {
+            let (receiver, args, result) = authz_member(name).expect("matched");
+            if !is(0, &Authz(receiver)) || args.len() != n - 1 {
+                return Err(None);
+            }
+            if (1..n).any(|i| !is(i, &Str)) {
+                return Err(None);
+            }
+            ok!(F::Authz, result)
+        }
         ("charAt", true, 2) if is(0, &Str) && is(1, &Int) => ok!(F::CharAt, Str),
         ("indexOf" | "lastIndexOf", true, 2 | 3) if t[0] == Str || (d(0) && is(1, &Str)) => {
             if is(1, &Str) && (n == 2 || is(2, &Int)) {
@@ -1400,6 +1417,25 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             }
         }
     }
+}
+
+/// The authz library's member functions but `check` (the only one with two receivers), with the
+/// field and label selectors: receiver, arguments (all strings) and result.
+fn authz_member(name: &str) -> Option<(&'static str, &'static [&'static str], Ty)> {
+    const S: &[&str] = &["string"];
+    let a = Ty::Authz;
+    Some(match name {
+        "path" => ("Authorizer", S, a("PathCheck")),
+        "group" => ("Authorizer", S, a("GroupCheck")),
+        "serviceAccount" => ("Authorizer", &["string", "string"], a("Authorizer")),
+        "resource" => ("GroupCheck", S, a("ResourceCheck")),
+        "subresource" | "namespace" | "name" | "fieldSelector" | "labelSelector" => {
+            ("ResourceCheck", S, a("ResourceCheck"))
+        }
+        "allowed" | "errored" => ("Decision", &[], Ty::Bool),
+        "reason" | "error" => ("Decision", &[], Ty::Str),
+        _ => return None,
+    })
 }
 
 fn inner_opt(t: &Ty) -> Ty {
@@ -1516,5 +1552,6 @@ fn known_function(name: &str) -> bool {
             | "getPort"
             | "getEscapedPath"
             | "getQuery"
-    )
+            | "check"
+    ) || authz_member(name).is_some()
 }

@@ -684,6 +684,9 @@ impl Ctx<'_> {
                 };
                 Ok(Int(x as i64))
             }
+            // No value of an authz type exists (the environment has no `authorizer`): a call
+            // that type-checked through a `dyn` receiver finds no overload, as in cel-go.
+            Func::Authz => no_overload(),
             _ => self.call_ext(f, a),
         }
     }

@@ -43,9 +43,13 @@
 //!   formatter: en_US `%f` grouping, `%e` with superscript exponents), with its compile-time
 //!   check of literal calls and the exemption of its arguments from the homogeneous-literal rule.
 //!
-//! Not covered (documented differences): the authz and `format.named` libraries of the base
-//! environment; static cost estimation (the scheduler does not estimate; only admission does);
-//! the wording of some runtime `no such overload` errors (cel-go adds the function and argument
+//! - `compile.rs` also declares the authz library (`kubernetes.authorization.*` types and their
+//!   member functions). The DRA environment has no `authorizer` variable, so no value of these
+//!   types exists: calls only type-check through `dyn`, and fail with `no such overload` when run.
+//!
+//! Not covered (documented differences): the Kubernetes format library (`format.named`,
+//! `format.<name>()`, `validate`) of the base environment; static cost estimation (the scheduler
+//! does not estimate; only admission does); the wording of some runtime `no such overload` errors (cel-go adds the function and argument
 //! types); compile errors carry no source snippet, and point at the digits, not the sign, of a
 //! negative literal. `format` quotes list members by Go's `%q` without Unicode tables:
 //! unassigned code points stay unescaped, and refuses precisions above 2^20 (Go would allocate

@@ -537,3 +537,62 @@ fn fused_lookups_pick_the_same_attribute_as_the_whole_value() {
     let e = run(r#"device.attributes["dra.example.com"].n == 1"#, &bad).unwrap_err();
     assert!(e.contains("attribute v: parse semantic version"), "{e}");
 }
+
+/// The authz library is declared, so calls through `dyn` type-check, but the DRA environment has
+/// no `authorizer`: no value of its types exists and every such call fails when it runs.
+/// Answers and error texts as the Go oracle gave them.
+#[test]
+fn authz_library_without_an_authorizer() {
+    let d = dev("", &[], &[], false);
+    assert_eq!(
+        run("dyn(1).path('x').check('get').errored() || true", &d),
+        Ok(true)
+    );
+    for expr in [
+        "dyn(1).group('g').resource('r').check('get').allowed()",
+        "dyn(1).serviceAccount('ns', 'sa').group('').resource('r').subresource('s').namespace('n')\
+         .name('x').fieldSelector('a=b').labelSelector('c').check('list').reason() == ''",
+        "dyn('x').error() == ''",
+        "dyn(1).check('x').allowed()",
+    ] {
+        let e = run(expr, &d).unwrap_err();
+        assert!(e.contains("no such overload"), "{expr}: {e}");
+    }
+    for (expr, want) in [
+        (
+            "'x'.group('y') == true",
+            "found no matching overload for 'group' applied to 'string.(string)'",
+        ),
+        (
+            "group('x')",
+            "found no matching overload for 'group' applied to '(string)'",
+        ),
+        (
+            "dyn(1).group()",
+            "found no matching overload for 'group' applied to 'dyn.()'",
+        ),
+        (
+            "dyn(1).check(1)",
+            "found no matching overload for 'check' applied to 'dyn.(int)'",
+        ),
+        (
+            "dyn(1).group('x') == true",
+            "found no matching overload for '_==_' applied to '(kubernetes.authorization.GroupCheck, bool)'",
+        ),
+        (
+            "dyn(1).path('a').check('get').denied()",
+            "undeclared reference to 'denied'",
+        ),
+        (
+            "authorizer.group('y') == true",
+            "undeclared reference to 'authorizer'",
+        ),
+        (
+            "dyn(1).path('x').check('get')",
+            "must evaluate to bool or the unknown type, not kubernetes.authorization.Decision",
+        ),
+    ] {
+        let e = run(expr, &d).unwrap_err();
+        assert!(e.contains(want), "{expr}: {e}");
+    }
+}

@@ -26,6 +26,10 @@ pub enum Ty {
     Opt(Box<Ty>),
     Type,
     Device,
+    /// The authz library's types (`kubernetes.authorization.*`). The DRA environment declares
+    /// the library but no `authorizer` variable, so no value of these types ever exists; they
+    /// only decide what type-checks.
+    Authz(&'static str),
 }
 
 impl Ty {
@@ -102,6 +106,7 @@ impl fmt::Display for Ty {
             Ty::Opt(e) => write!(f, "optional_type({e})"),
             Ty::Type => f.write_str("type"),
             Ty::Device => f.write_str("kubernetes.DRADevice"),
+            Ty::Authz(name) => write!(f, "kubernetes.authorization.{name}"),
         }
     }
 }
