@@ -388,13 +388,14 @@ const FMT_ARGS: &[&str] = &[
 /// (and fail when run, unless `||`/`&&` absorb it), and ones that do not (wrong receiver, wrong
 /// arguments, a missing accessor).
 fn authz_atom(r: &mut Rng) -> String {
+    let model = format!("dyn(device.attributes[\"{DRV}\"].model)");
     let mut e = r
         .pick(&[
             "dyn(1)",
             "dyn('x')",
             "dyn(device.driver)",
             "device.driver",
-            "dyn(device.attributes[\"gpu.nvidia.com\"].model)",
+            &model,
         ])
         .to_string();
     let steps: &[&str] = &[

@@ -1097,6 +1097,12 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             return Ok(($f, $r))
         };
     }
+    if member && let Some((receiver, arity, result)) = authz_member(name) {
+        if is(0, &Authz(receiver)) && n == arity + 1 && (1..n).all(|i| is(i, &Str)) {
+            ok!(F::Authz, result)
+        }
+        return Err(None);
+    }
     match (name, member, n) {
         ("_+_", false, 2) => {
             let u = t[0].unify(&t[1]).ok_or(None)?;
@@ -1303,19 +1309,9 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
         }
         ("getQuery", true, 1) if is(0, &Url) => ok!(F::UrlQuery, Ty::map(Str, Ty::list(Str))),
         ("check", true, 2)
-            if (is(0, &Authz("PathCheck")) || t[0] == Authz("ResourceCheck")) && is(1, &Str) =>
+            if (is(0, &Authz("PathCheck")) || is(0, &Authz("ResourceCheck"))) && is(1, &Str) =>
         {
             ok!(F::Authz, Authz("Decision"))
-        }
-        (_, true, _) if authz_member(name).is_some() => {
-            let (receiver, args, result) = authz_member(name).expect("matched");
-            if !is(0, &Authz(receiver)) || args.len() != n - 1 {
-                return Err(None);
-            }
-            if (1..n).any(|i| !is(i, &Str)) {
-                return Err(None);
-            }
-            ok!(F::Authz, result)
         }
         ("charAt", true, 2) if is(0, &Str) && is(1, &Int) => ok!(F::CharAt, Str),
         ("indexOf" | "lastIndexOf", true, 2 | 3) if t[0] == Str || (d(0) && is(1, &Str)) => {
@@ -1420,20 +1416,19 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
 }
 
 /// The authz library's member functions but `check` (the only one with two receivers), with the
-/// field and label selectors: receiver, arguments (all strings) and result.
-fn authz_member(name: &str) -> Option<(&'static str, &'static [&'static str], Ty)> {
-    const S: &[&str] = &["string"];
+/// field and label selectors: receiver, number of arguments (all strings) and result.
+fn authz_member(name: &str) -> Option<(&'static str, usize, Ty)> {
     let a = Ty::Authz;
     Some(match name {
-        "path" => ("Authorizer", S, a("PathCheck")),
-        "group" => ("Authorizer", S, a("GroupCheck")),
-        "serviceAccount" => ("Authorizer", &["string", "string"], a("Authorizer")),
-        "resource" => ("GroupCheck", S, a("ResourceCheck")),
+        "path" => ("Authorizer", 1, a("PathCheck")),
+        "group" => ("Authorizer", 1, a("GroupCheck")),
+        "serviceAccount" => ("Authorizer", 2, a("Authorizer")),
+        "resource" => ("GroupCheck", 1, a("ResourceCheck")),
         "subresource" | "namespace" | "name" | "fieldSelector" | "labelSelector" => {
-            ("ResourceCheck", S, a("ResourceCheck"))
+            ("ResourceCheck", 1, a("ResourceCheck"))
         }
-        "allowed" | "errored" => ("Decision", &[], Ty::Bool),
-        "reason" | "error" => ("Decision", &[], Ty::Str),
+        "allowed" | "errored" => ("Decision", 0, Ty::Bool),
+        "reason" | "error" => ("Decision", 0, Ty::Str),
         _ => return None,
     })
 }

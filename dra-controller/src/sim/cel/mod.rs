@@ -49,8 +49,8 @@
 //!
 //! Not covered (documented differences): the Kubernetes format library (`format.named`,
 //! `format.<name>()`, `validate`) of the base environment; static cost estimation (the scheduler
-//! does not estimate; only admission does); the wording of some runtime `no such overload` errors (cel-go adds the function and argument
-//! types); compile errors carry no source snippet, and point at the digits, not the sign, of a
+//! does not estimate; only admission does); the wording of some runtime `no such overload` errors
+//! (cel-go adds the function and argument types); compile errors carry no source snippet, and point at the digits, not the sign, of a
 //! negative literal. `format` quotes list members by Go's `%q` without Unicode tables:
 //! unassigned code points stay unescaped, and refuses precisions above 2^20 (Go would allocate
 //! them). URL edge: a percent-escape that decodes to bytes that
