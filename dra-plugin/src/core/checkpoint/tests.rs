@@ -353,33 +353,55 @@ async fn a_write_torn_by_a_crash_falls_back_to_the_write_before_it() {
 }
 
 #[tokio::test]
-async fn files_grow_and_shrink_with_the_records_and_stay_readable() {
+async fn files_grow_with_the_records_and_shrink_only_when_large() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("checkpoint.json");
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
     let len = |p: &Path| std::fs::metadata(p).unwrap().len();
-    for i in 0..200 {
-        add(&cp, &format!("u{i}")).await.unwrap();
+    // Records with long names, so that a few dozen outgrow the size files keep.
+    let add_big = |i: usize| {
+        cp.update(move |c| {
+            let mut r = record(ClaimState::PrepareCompleted);
+            r.name = format!("{i}-{}", "n".repeat(8 * 1024));
+            c.insert(format!("u{i}"), r);
+        })
+    };
+    let check = |limit: usize| {
         for p in [path.clone(), alternate(&path)] {
             if p.exists() {
                 assert!(len(&p).is_power_of_two() && len(&p) >= 4096);
-                file_data(&p);
+                assert!(file_data(&p).claims.len() <= limit);
             }
         }
+    };
+    for i in 0..8 {
+        add_big(i).await.unwrap();
+        check(i + 1);
     }
-    let big = len(&path);
-    assert!(big >= 32 * 1024, "{big}");
-    for i in (0..200).rev() {
+    let small = len(&path);
+    assert!((64 * 1024..=KEEP_SIZE_UP_TO).contains(&small), "{small}");
+    for i in (0..8).rev() {
         cp.update(|c| c.remove(&format!("u{i}"))).await.unwrap();
-        for p in [path.clone(), alternate(&path)] {
-            let data = file_data(&p);
-            assert!(data.claims.len() <= i + 1);
-        }
+        check(i + 1);
     }
     assert_eq!(
         len(&path),
-        4096,
-        "shrunk back once the records fit a quarter"
+        small,
+        "a file no larger than KEEP_SIZE_UP_TO keeps its size when the records go"
+    );
+    for i in 0..80 {
+        add_big(i).await.unwrap();
+    }
+    let big = len(&path);
+    assert!(big >= 4 * KEEP_SIZE_UP_TO, "{big}");
+    for i in (0..80).rev() {
+        cp.update(|c| c.remove(&format!("u{i}"))).await.unwrap();
+        check(i + 1);
+    }
+    assert_eq!(
+        len(&path),
+        KEEP_SIZE_UP_TO,
+        "a large file shrinks once the records fit a quarter, down to KEEP_SIZE_UP_TO"
     );
     drop(cp);
     let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
@@ -455,4 +477,62 @@ async fn settling_leaves_the_newest_state_in_the_first_file() {
     cp.settle().await.unwrap();
     let a = file_data(&path);
     assert_eq!((a.seq, a.claims.len()), (5, 1));
+}
+
+/// Queues a side file (and a record `late<n>`) on the checkpoint's pending state, as a prepare
+/// arriving in the middle of a flush would.
+fn queue_late(state: &Mutex<Pending>, dir: &Path, n: usize) {
+    let mut s = state.lock().unwrap();
+    s.data
+        .claims
+        .insert(format!("late{n}"), record(ClaimState::PrepareCompleted));
+    s.generation += 1;
+    let generation = s.generation;
+    s.files.push(SideFile {
+        generation,
+        path: dir.join(format!("late{n}.json")),
+        bytes: Some(b"late".to_vec()),
+    });
+}
+
+#[tokio::test]
+async fn side_files_queued_during_a_flush_join_it_up_to_a_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("checkpoint.json");
+    let (cp, _) = Checkpoint::load(&path, "boot-1").unwrap();
+    // Every pass queues one more file, as a steady stream of prepares would.
+    let d = dir.path().to_path_buf();
+    let queued = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = queued.clone();
+    *cp.shared.after_pass.lock().unwrap() = Some(Box::new(move |state| {
+        queue_late(state, &d, count.fetch_add(1, Ordering::SeqCst));
+    }));
+    cp.update_with_file(
+        |c| c.insert("first".into(), record(ClaimState::PrepareCompleted)),
+        "writing",
+        dir.path().join("first.json"),
+        b"first".to_vec(),
+    )
+    .await
+    .unwrap();
+    // One checkpoint write carried the first file and the files queued while it was being written,
+    // each before the checkpoint; after FILE_PASSES passes the stream no longer holds it back.
+    assert_eq!(FILE_PASSES, 3);
+    assert_eq!(queued.load(Ordering::SeqCst), 2, "passes before the last");
+    let data = read_newest(&path).unwrap();
+    assert_eq!(data.seq, 1, "one checkpoint write");
+    let mut carried: Vec<_> = data.claims.keys().cloned().collect();
+    carried.sort();
+    assert_eq!(carried, ["first", "late0", "late1"]);
+    for f in ["first.json", "late0.json", "late1.json"] {
+        assert!(
+            dir.path().join(f).exists(),
+            "{f} written before the checkpoint"
+        );
+    }
+    assert_eq!(
+        *cp.shared.flushed.borrow(),
+        3,
+        "generations 1-3 are on disk"
+    );
 }
