@@ -482,17 +482,10 @@ async fn settling_leaves_the_newest_state_in_the_first_file() {
 /// Queues a side file (and a record `late<n>`) on the checkpoint's pending state, as a prepare
 /// arriving in the middle of a flush would.
 fn queue_late(state: &Mutex<Pending>, dir: &Path, n: usize) {
-    let mut s = state.lock().unwrap();
-    s.data
-        .claims
-        .insert(format!("late{n}"), record(ClaimState::PrepareCompleted));
-    s.generation += 1;
-    let generation = s.generation;
-    s.files.push(SideFile {
-        generation,
-        path: dir.join(format!("late{n}.json")),
-        bytes: Some(b"late".to_vec()),
-    });
+    state.lock().unwrap().stage(
+        |c| c.insert(format!("late{n}"), record(ClaimState::PrepareCompleted)),
+        Some((dir.join(format!("late{n}.json")), Some(b"late".to_vec()))),
+    );
 }
 
 #[tokio::test]
@@ -521,8 +514,7 @@ async fn side_files_queued_during_a_flush_join_it_up_to_a_bound() {
     assert_eq!(queued.load(Ordering::SeqCst), 2, "passes before the last");
     let data = read_newest(&path).unwrap();
     assert_eq!(data.seq, 1, "one checkpoint write");
-    let mut carried: Vec<_> = data.claims.keys().cloned().collect();
-    carried.sort();
+    let carried: Vec<_> = data.claims.keys().cloned().collect();
     assert_eq!(carried, ["first", "late0", "late1"]);
     for f in ["first.json", "late0.json", "late1.json"] {
         assert!(
