@@ -15,6 +15,9 @@
 //! assertions. BENCH_ROUNDS=R, BENCH_ONLY=<label text>, BENCH_MODE=loop|burst, BENCH_DIST=1
 //! (percentiles), BENCH_CLIENT_THREADS=N (a multi-threaded load generator),
 //! DRA_PLUGIN_BIN=<another build, e.g. with frame pointers for profiling>.
+//! `ref` is this machine's speed on fixed work before and after the counted rounds (see
+//! [`machine_speed`]): on a shared VM it moves by half or more from one quarter hour to the next,
+//! and the latencies move with it.
 //! CDI specs go to tmpfs when `/dev/shm` exists (as `/var/run/cdi` on a node), the fsync'd
 //! checkpoint to the disk the temp dir is on.
 use std::path::{Path, PathBuf};
@@ -101,15 +104,43 @@ fn cpu_time(pid: u32) -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
-fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
-    let name = format!("bench-{i}");
-    let uid = format!("00000000-0000-0000-0000-{i:012}");
-    let obj = serde_json::json!({
+/// Wall time per unit of fixed work like the plugin's, single-threaded: a JSON round trip of a
+/// ResourceClaim (parse to a value, serialize; allocation-heavy like request handling), and create,
+/// write, rename and unlink of a 1 KiB file in `dir` (the file system calls of a CDI spec). Wall,
+/// not CPU, time: a vCPU the host takes away still counts as CPU time inside the VM.
+fn machine_speed(dir: &Path) -> (Duration, Duration) {
+    const N: u32 = 400;
+    let claim = claim_json("bench-0", "00000000-0000-0000-0000-000000000000", "gpu-0").to_string();
+    let t = Instant::now();
+    for _ in 0..N {
+        let v: serde_json::Value = serde_json::from_str(std::hint::black_box(&claim)).unwrap();
+        std::hint::black_box(serde_json::to_vec(&v).unwrap());
+    }
+    let cpu = t.elapsed() / N;
+    let (tmp, path) = (dir.join(".speed.tmp"), dir.join("speed.json"));
+    let block = [b' '; 1024];
+    let t = Instant::now();
+    for _ in 0..N {
+        std::fs::write(&tmp, block).unwrap();
+        std::fs::rename(&tmp, &path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+    }
+    (cpu, t.elapsed() / N)
+}
+
+fn claim_json(name: &str, uid: &str, device: &str) -> serde_json::Value {
+    serde_json::json!({
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
         "metadata": {"name": name, "namespace": "bench", "uid": uid},
         "spec": {"devices": {"requests": []}},
         "status": {"allocation": {"devices": {"results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "bench-node", "device": device}]}}}
-    });
+    })
+}
+
+fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
+    let name = format!("bench-{i}");
+    let uid = format!("00000000-0000-0000-0000-{i:012}");
+    let obj = claim_json(&name, &uid, device);
     std::fs::write(dir.join(format!("bench_{name}.json")), obj.to_string()).unwrap();
     v1::Claim {
         namespace: "bench".into(),
@@ -195,7 +226,9 @@ async fn bench(run: &Run, mode: Mode, rounds: usize) {
     let sock = dir.join("plugin/dra.sock");
     let channel = h2_connect(&sock).await;
     let origin: http::Uri = "http://localhost".parse().unwrap();
+    let speed_dir = cdi_tmp.as_ref().map_or(dir, |t| t.path());
     let (cold, _) = drive_bursts(&channel, &origin, claims.clone(), 1).await;
+    let speed_before = machine_speed(speed_dir);
     let cold = cold.into_iter().max().unwrap_or_default();
     let wall = Instant::now();
     let cpu_before = cpu_time(child.id());
@@ -205,6 +238,7 @@ async fn bench(run: &Run, mode: Mode, rounds: usize) {
         Mode::Burst => drive_bursts(&channel, &origin, claims, rounds).await,
     };
     let wall = wall.elapsed();
+    let speed_after = machine_speed(speed_dir);
     let plugin_cpu = cpu_time(child.id()) - cpu_before;
     let client_cpu = cpu_time(std::process::id()) - own_before;
     prep.sort();
@@ -226,8 +260,9 @@ async fn bench(run: &Run, mode: Mode, rounds: usize) {
         .status();
     let _ = child.wait();
     let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    let us = |d: Duration| d.as_secs_f64() * 1e6;
     println!(
-        "{:<44} {:<5} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  CPU/pair plugin={:.0}us client={:.0}us  peak RSS={:.1} MiB  cold={:.2}ms",
+        "{:<44} {:<5} concurrent={:<3} pairs={:<5} prepare p50={:.2}ms p99={:.2}ms  unprepare p50={:.2}ms p99={:.2}ms  throughput={:.0} pairs/s  CPU/pair plugin={:.0}us client={:.0}us  peak RSS={:.1} MiB  cold={:.2}ms  ref cpu={:.1}/{:.1}us fs={:.1}/{:.1}us",
         run.label,
         match mode {
             Mode::Loop => "loop",
@@ -243,7 +278,11 @@ async fn bench(run: &Run, mode: Mode, rounds: usize) {
         plugin_cpu.as_secs_f64() * 1e6 / prep.len() as f64,
         client_cpu.as_secs_f64() * 1e6 / prep.len() as f64,
         rss as f64 / 1024.0,
-        ms(cold)
+        ms(cold),
+        us(speed_before.0),
+        us(speed_after.0),
+        us(speed_before.1),
+        us(speed_after.1),
     );
 }
 
