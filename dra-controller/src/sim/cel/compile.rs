@@ -121,6 +121,12 @@ pub enum Func {
     MapMerge,
     /// list + its sort keys (the `sortBy` macro)
     SortByKeys,
+    /// `format.named(string)`
+    FormatNamed,
+    /// `format.<name>()`: the named format at this index of `named_format::FORMATS`
+    FormatOf(u8),
+    /// `<format>.validate(string)`
+    FormatValidate,
     /// any function of the authz library: only ever reached with a receiver of another type
     Authz,
 }
@@ -815,6 +821,14 @@ impl<'a> Compiler<'a> {
                 global = format!("{ns}.{fname}");
                 target = None;
             }
+            // The format library's functions are found by their full name before the target is
+            // looked at (as cel-go does, even when a variable is called `format`); other calls on
+            // `format` are member calls on an undeclared identifier.
+            if ns == "format" && (fname == "named" || super::named_format::lookup(fname).is_some())
+            {
+                global = format!("format.{fname}");
+                target = None;
+            }
         }
         if global == "cel.bind" && call.args.len() == 3 {
             let Expr::Ident(var) = &call.args[0].expr else {
@@ -1308,6 +1322,13 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
             )
         }
         ("getQuery", true, 1) if is(0, &Url) => ok!(F::UrlQuery, Ty::map(Str, Ty::list(Str))),
+        ("format.named", false, 1) if is(0, &Str) => ok!(F::FormatNamed, Ty::opt(Format)),
+        ("validate", true, 2) if is(0, &Format) && is(1, &Str) => {
+            ok!(F::FormatValidate, Ty::opt(Ty::list(Str)))
+        }
+        (_, false, 0) if let Some(i) = super::named_format::function_index(name) => {
+            ok!(F::FormatOf(i as u8), Format)
+        }
         ("check", true, 2)
             if (is(0, &Authz("PathCheck")) || is(0, &Authz("ResourceCheck"))) && is(1, &Str) =>
         {
@@ -1548,5 +1569,8 @@ fn known_function(name: &str) -> bool {
             | "getEscapedPath"
             | "getQuery"
             | "check"
+            | "format.named"
+            | "validate"
     ) || authz_member(name).is_some()
+        || super::named_format::function_index(name).is_some()
 }

@@ -2,6 +2,7 @@
 //! node, plus string/list sizes for the linear library calls) enforcing the Kubernetes limit.
 use super::compile::{DeviceProp, FieldMode, Func, Node};
 use super::fuse::{FIELD_COST, PROP_COST};
+use super::named_format;
 use super::net::{Addr, Prefix};
 use super::{RawDevice, raw_field};
 
@@ -1029,6 +1030,24 @@ impl Ctx<'_> {
                 Optional(None) => Ok(a[1].clone()),
                 _ => no_overload(),
             },
+            Func::FormatNamed => match &a[0] {
+                Str(s) => Ok(Optional(
+                    named_format::lookup(s).map(|f| Arc::new(Format(f))),
+                )),
+                _ => no_overload(),
+            },
+            Func::FormatOf(i) => Ok(Format(&named_format::FORMATS[usize::from(i)])),
+            Func::FormatValidate => {
+                let (Format(f), Str(s)) = (&a[0], &a[1]) else {
+                    return no_overload();
+                };
+                // upstream's estimator prices the call instead of the 1 it already cost
+                self.charge(f.validate_cost(s.chars().count() as u64) - 1)?;
+                let errs = f.validate(s);
+                Ok(Optional((!errs.is_empty()).then(|| {
+                    Arc::new(List(Arc::new(errs.iter().map(|m| Value::str(m)).collect())))
+                })))
+            }
             _ => self.call_net(f, a),
         }
     }

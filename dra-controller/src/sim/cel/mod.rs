@@ -31,6 +31,13 @@
 //!   and `net.CIDR` type names), with Go's `net/netip` and `net/url` (`ParseRequestURI`, then
 //!   `Parse`; Go 1.26 strict colons) rules for what parses and how it prints, and the cost
 //!   estimator's charges for parsing.
+//! - `named_format.rs`: the base environment's Kubernetes format library: `format.named(string)`
+//!   (an optional `kubernetes.NamedFormat`), `format.<name>()` for the 13 named formats and
+//!   `<format>.validate(string)` (none when valid, else the messages), with apimachinery's name,
+//!   label-key and label-value rules (and its trailing-dash masking for the `...Prefix` formats),
+//!   `net/url`'s `ParseRequestURI` for `uri` and kube-openapi's uuid, base64, date and date-time
+//!   checks, their exact messages, and the estimator's regex-match price for `validate`. Its
+//!   functions are looked up by full name before `format` is taken as an identifier, as in cel-go.
 //! - `fuse.rs`: selectors read the attributes they name straight from the ResourceSlice device
 //!   ([`RawDevice`]); the whole `device` value ([`device_value`]) is built only for other uses of
 //!   `device`. [`device_check`] raises the conversion errors the whole value would, once per
@@ -47,11 +54,10 @@
 //!   member functions). The DRA environment has no `authorizer` variable, so no value of these
 //!   types exists: calls only type-check through `dyn`, and fail with `no such overload` when run.
 //!
-//! Not covered (documented differences): the Kubernetes format library (`format.named`,
-//! `format.<name>()`, `validate`) of the base environment; static cost estimation (the scheduler
-//! does not estimate; only admission does); the wording of some runtime `no such overload` errors
-//! (cel-go adds the function and argument types); compile errors carry no source snippet, and point at the digits, not the sign, of a
-//! negative literal. `format` quotes list members by Go's `%q` without Unicode tables:
+//! Not covered (documented differences): static cost estimation (the scheduler does not
+//! estimate; only admission does); the wording of some runtime `no such overload` errors (cel-go
+//! adds the function and argument types); compile errors carry no source snippet, only the first
+//! of several is reported, and they point at the digits, not the sign, of a negative literal. `format` quotes list members by Go's `%q` without Unicode tables:
 //! unassigned code points stay unescaped, and refuses precisions above 2^20 (Go would allocate
 //! them). URL edge: a percent-escape that decodes to bytes that
 //! are not UTF-8 is kept as U+FFFD (Go strings hold any bytes), visible only in what the
@@ -60,6 +66,7 @@ pub mod compile;
 pub mod eval;
 pub mod format;
 pub mod fuse;
+pub mod named_format;
 pub mod net;
 pub mod quantity;
 pub mod semver;
@@ -336,6 +343,8 @@ pub fn device_value(
 
 #[cfg(test)]
 mod format_tests;
+#[cfg(test)]
+mod named_format_tests;
 #[cfg(test)]
 mod net_tests;
 #[cfg(test)]

@@ -23,6 +23,8 @@ pub enum Ty {
     Ip,
     Cidr,
     Url,
+    /// `kubernetes.NamedFormat` (the format library)
+    Format,
     Opt(Box<Ty>),
     Type,
     Device,
@@ -103,6 +105,7 @@ impl fmt::Display for Ty {
             Ty::Ip => f.write_str("net.IP"),
             Ty::Cidr => f.write_str("net.CIDR"),
             Ty::Url => f.write_str("kubernetes.URL"),
+            Ty::Format => f.write_str("kubernetes.NamedFormat"),
             Ty::Opt(e) => write!(f, "optional_type({e})"),
             Ty::Type => f.write_str("type"),
             Ty::Device => f.write_str("kubernetes.DRADevice"),

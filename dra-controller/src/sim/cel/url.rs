@@ -328,6 +328,13 @@ impl Url {
         parse_go(s, true).is_ok()
     }
 
+    /// The error `url.ParseRequestURI` gives for `s`, as Go prints it; `None` when it parses.
+    pub fn request_uri_error(s: &str) -> Option<String> {
+        parse_go(s, true)
+            .err()
+            .map(|e| format!("parse {}: {e}", super::format::go_quote(s)))
+    }
+
     /// `url(s)`: must pass `ParseRequestURI`; the value is what `Parse` makes of it.
     pub fn parse(s: &str) -> Result<Url, String> {
         let err = |e: String| format!("URL parse error during conversion from string: {e}");

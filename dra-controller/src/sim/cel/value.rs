@@ -1,4 +1,5 @@
 //! Runtime values of the DRA CEL environment.
+use super::named_format::NamedFormat;
 use super::net::{Addr, Prefix};
 use super::quantity::Quantity;
 use super::semver::Semver;
@@ -22,6 +23,7 @@ pub enum Value {
     Ip(Arc<Addr>),
     Cidr(Arc<Prefix>),
     Url(Arc<Url>),
+    Format(&'static NamedFormat),
     Optional(Option<Arc<Value>>),
     Type(&'static str),
     Device(Arc<DeviceVal>),
@@ -73,6 +75,7 @@ impl Value {
             Value::Ip(_) => "net.IP",
             Value::Cidr(_) => "net.CIDR",
             Value::Url(_) => "kubernetes.URL",
+            Value::Format(_) => "kubernetes.NamedFormat",
             Value::Optional(_) => "optional_type",
             Value::Type(_) => "type",
             Value::Device(_) => "kubernetes.DRADevice",
@@ -95,6 +98,7 @@ impl Value {
             Value::Ip(_) => "cel.IP",
             Value::Cidr(_) => "cel.CIDR",
             Value::Url(_) => "cel.URL",
+            Value::Format(_) => "cel.Format",
             Value::Optional(_) => "*types.Optional",
             Value::Type(_) => "*types.Type",
             Value::Device(_) => "*types.baseMap",
@@ -209,6 +213,8 @@ pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
         (Cidr(_), _) => return Err(NO_OVERLOAD.into()),
         (Url(x), Url(y)) => x.same(y),
         (Url(_), _) => return Err(NO_OVERLOAD.into()),
+        (Format(x), Format(y)) => x.name == y.name,
+        (Format(_), _) => return Err(NO_OVERLOAD.into()),
         (Optional(x), Optional(y)) => match (x, y) {
             (None, None) => true,
             (Some(p), Some(q)) => equals(p, q)?,
