@@ -457,7 +457,9 @@ impl Ctx<'_> {
                     idx.into_iter().map(|i| l[i].clone()).collect(),
                 )))
             }
-            Func::Ne => b(!equals(&a[0], &a[1])?),
+            // cel-go's `!=` is "equality did not answer true": an error from a Kubernetes type's
+            // equality (a different type behind `dyn`) makes it true, where `==` fails
+            Func::Ne => b(!matches!(equals(&a[0], &a[1]), Ok(true))),
             Func::Lt | Func::Le | Func::Gt | Func::Ge => {
                 let o = compare(&a[0], &a[1])?;
                 b(match f {

@@ -446,6 +446,36 @@ fn libraries() {
     );
 }
 
+/// Equality of a Kubernetes type with another type behind `dyn` fails, but `!=` answers true
+/// (cel-go's "equality did not answer true"), and inside lists and maps such a member counts as
+/// equal; inside optionals the error passes on. Answers checked against the Go oracle.
+#[test]
+fn equality_errors_of_kubernetes_types() {
+    let d = dev("", &[], &[], false);
+    for e in [
+        "ip('1.2.3.4') != dyn(1)",
+        "cidr('10.0.0.0/8') != dyn(1)",
+        "url('/x') != dyn(1)",
+        "quantity('1') != dyn('1')",
+        "semver('1.0.0') != dyn(1)",
+        "format.uri() != dyn(1)",
+        "[ip('1.2.3.4')] == [dyn(1)]",
+        "!([format.uri()] != [dyn(1)])",
+        "{'a': ip('1.2.3.4')} == {'a': dyn(1)}",
+        "optional.of(ip('1.2.3.4')) != optional.of(dyn(1))",
+        "!([dyn(1)] == [ip('1.2.3.4')])",
+    ] {
+        assert_eq!(run(e, &d), Ok(true), "{e}");
+    }
+    for e in [
+        "dyn(ip('1.2.3.4')) == 1",
+        "dyn(format.uri()) == 1",
+        "optional.of(ip('1.2.3.4')) == optional.of(dyn(1))",
+    ] {
+        assert_eq!(run(e, &d), Err("no such overload".into()), "{e}");
+    }
+}
+
 /// Counts the fused device accesses in a compiled program.
 fn fused_nodes(n: &compile::Node) -> usize {
     use compile::Node as N;

@@ -164,7 +164,9 @@ fn cmp_i_d(a: f64, b: f64) -> Option<Ordering> {
     a.partial_cmp(&b)
 }
 
-/// cel-go heterogeneous equality (`types.Equal` then `lhs.Equal(rhs)`).
+/// cel-go heterogeneous equality (`types.Equal` then `lhs.Equal(rhs)`). Kubernetes types fail
+/// against another type; lists and maps take such a failing member as equal (they stop only at a
+/// member that is not), optionals pass the error on.
 pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
     use Value::*;
     Ok(match (a, b) {
@@ -180,12 +182,10 @@ pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
             if x.len() != y.len() {
                 return Ok(false);
             }
-            for (p, q) in x.iter().zip(y.iter()) {
-                if !equals(p, q)? {
-                    return Ok(false);
-                }
-            }
-            true
+            // cel-go stops at the first member that is not equal; an error is not "not equal"
+            x.iter()
+                .zip(y.iter())
+                .all(|(p, q)| !matches!(equals(p, q), Ok(false)))
         }
         (Map(x), Map(y)) => {
             if x.entries.len() != y.entries.len() {
@@ -194,7 +194,7 @@ pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
             for (k, v) in &x.entries {
                 match y.get(k) {
                     Some(w) => {
-                        if !equals(v, w)? {
+                        if matches!(equals(v, w), Ok(false)) {
                             return Ok(false);
                         }
                     }
