@@ -1,5 +1,6 @@
-//! Differential test: 2,400 random allocation cases and 4,800 random CEL evaluations (seeded, so
-//! the same every run) answered by our simulator and by the Go oracle built against
+//! Differential test: 2,400 random allocation cases and 5,423 random CEL evaluations (two per case,
+//! and in a quarter of the cases a format-library call on its own; seeded, so the same every run)
+//! answered by our simulator and by the Go oracle built against
 //! k8s.io/dynamic-resource-allocation v0.37.2 (e2e/oracle); answers must be identical.
 //!
 //! Allocation cases mix plain, partitionable (shared counters that run out) and consumable-capacity
@@ -13,10 +14,13 @@
 //! Selectors include the IP, CIDR and URL libraries over literal addresses (valid and refused, both
 //! families, URLs with ports, queries and fragments), and `format` calls over literal and
 //! attribute arguments of every type (wrong verbs, bad clauses, missing or extra arguments, both
-//! checked at compile time and, behind `dyn`, at run time). Known, documented differences, kept
-//! out of the grammar: the authz CEL library is not implemented (see `sim/cel/mod.rs`); error
-//! texts are compared by kind only for CEL evaluations (runtime `no overload` details differ in
-//! wording).
+//! checked at compile time and, behind `dyn`, at run time), the Kubernetes format library
+//! (`format.named` of known and unknown names, `format.<name>()`, `validate` over values each
+//! format takes and refuses and over attributes, answers read as presence, size or upstream's
+//! exact message, wrong argument types), and the authz library's declarations (no `authorizer`
+//! exists, so its chains only type-check through `dyn`). Error texts are compared by kind only for
+//! CEL evaluations (runtime `no overload` details differ in wording; compile errors carry no
+//! source snippet).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
 use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use dra_controller::sim::cel;
@@ -123,7 +127,7 @@ fn attr_ref(r: &mut Rng) -> (String, &'static str) {
 
 fn atom(r: &mut Rng) -> String {
     let (a, ty) = attr_ref(r);
-    match r.n(29) {
+    match r.n(31) {
         0..=5 => match ty {
             "s" => match r.n(5) {
                 0 => format!("{a} == \"{}\"", r.pick(MODELS)),
@@ -228,6 +232,7 @@ fn atom(r: &mut Rng) -> String {
         23 | 24 => net_atom(r),
         25 | 26 => format_atom(r),
         27 => authz_atom(r),
+        28 | 29 => named_format_atom(r),
         _ => format!("device.attributes[\"{DRV}\"].all(k, v, k != \"\")"),
     }
 }
@@ -346,6 +351,279 @@ fn net_atom(r: &mut Rng) -> String {
             "url(\"{u}\") == url(\"{}\")",
             r.pick(&[u, "https://example.com", "HTTP://example.com/%7Euser"])
         ),
+    }
+}
+
+/// Messages the validators give (upstream's exact texts); selectors ask whether one is among the
+/// answer, so the oracle confirms them.
+const M_LABEL: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const M_SUBDOMAIN: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const M_1035: &str = "a DNS-1035 label must consist of lower case alphanumeric characters or '-', start with an alphabetic character, and end with an alphanumeric character (e.g. 'my-name',  or 'abc-123', regex used for validation is '[a-z]([-a-z0-9]*[a-z0-9])?')";
+const M_KEY_NAME: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
+const M_KEY_PREFIX: &str = "prefix part a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
+const M_KEY_PARTS: &str = "a valid label key must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]') with an optional DNS subdomain prefix and '/' (e.g. 'example.com/MyName')";
+const M_LABEL_VALUE: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
+const LONG_63_PLUS: &str =
+    "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const LONG_SUBDOMAIN: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+
+/// One named format: values it takes, values it refuses, and the messages it gives.
+struct NamedFormatCase {
+    key: &'static str,
+    good: &'static [&'static str],
+    bad: &'static [&'static str],
+    messages: &'static [&'static str],
+}
+
+const NAMED_FORMATS: &[NamedFormatCase] = &[
+    NamedFormatCase {
+        key: "dns1123Label",
+        good: &["a", "my-name", "123", "h100"],
+        bad: &["", "A", "-a", "a.b", "a_b", "H100-SXM", LONG_63_PLUS],
+        messages: &[
+            M_LABEL,
+            "must not contain dots",
+            "must be no more than 63 characters",
+        ],
+    },
+    NamedFormatCase {
+        key: "dns1123Subdomain",
+        good: &["example.com", "a", "gpu.example.com"],
+        bad: &["", "a..b", "Example.com", ".a", LONG_SUBDOMAIN],
+        messages: &[M_SUBDOMAIN, "must be no more than 253 characters"],
+    },
+    NamedFormatCase {
+        key: "dns1035Label",
+        good: &["a", "my-name", "gpu-x"],
+        bad: &["", "1a", "123", "a-", "a.b"],
+        messages: &[M_1035],
+    },
+    NamedFormatCase {
+        key: "qualifiedName",
+        good: &["MyName", "my.name", "example.com/MyName", "a/b"],
+        bad: &["", "/y", "x/", "a/b/c", "-a", "UPPER.com/x", "x/-a"],
+        messages: &[
+            "name part must be non-empty",
+            M_KEY_NAME,
+            "prefix part must be non-empty",
+            M_KEY_PARTS,
+            M_KEY_PREFIX,
+        ],
+    },
+    NamedFormatCase {
+        key: "dns1123LabelPrefix",
+        good: &["a-", "ab-", "--", "my-name-", "a_-"],
+        bad: &["-", "---", "A-", "a.b-"],
+        messages: &[M_LABEL, "must not contain dots"],
+    },
+    NamedFormatCase {
+        key: "dns1123SubdomainPrefix",
+        good: &["example.com-", "a..-", "a.-"],
+        bad: &["-", "a...-", "Example.com-"],
+        messages: &[M_SUBDOMAIN],
+    },
+    NamedFormatCase {
+        key: "dns1035LabelPrefix",
+        good: &["a-", "1-", "gpu-"],
+        bad: &["-", "1a-", "a.b-"],
+        messages: &[M_1035],
+    },
+    NamedFormatCase {
+        key: "labelValue",
+        good: &["", "MyValue", "my_value", "12345", "H100-SXM"],
+        bad: &["-a", "a-", "_", "a b", "é", LONG_63_PLUS],
+        messages: &[M_LABEL_VALUE, "must be no more than 63 bytes"],
+    },
+    NamedFormatCase {
+        key: "uri",
+        good: &[
+            "http://example.com",
+            "/path",
+            "mailto:x",
+            "https://u:p@h:8443/a?b#c",
+            "*",
+        ],
+        bad: &[
+            "",
+            "a.b",
+            "http://a b/",
+            "http://[::1",
+            "http://h/%zz",
+            "a\tb",
+        ],
+        messages: &[
+            "parse \"\": empty url",
+            "parse \"a.b\": invalid URI for request",
+            "parse \"http://a b/\": invalid character \" \" in host name",
+            "parse \"http://[::1\": missing ']' in host",
+            "parse \"http://h/%zz\": invalid URL escape \"%zz\"",
+            "parse \"a\\tb\": net/url: invalid control character in URL",
+        ],
+    },
+    NamedFormatCase {
+        key: "uuid",
+        good: &[
+            "123e4567-e89b-12d3-a456-426614174000",
+            "123E4567E89B12D3A456426614174000",
+        ],
+        bad: &[
+            "",
+            "123e4567-e89b-12d3-a456-42661417400",
+            "123e4567--e89b-12d3-a456-426614174000",
+            "g23e4567-e89b-12d3-a456-426614174000",
+        ],
+        messages: &["does not match the UUID format"],
+    },
+    NamedFormatCase {
+        key: "byte",
+        good: &["aGVsbG8=", "aGVsbA==", "aGVs", "ab+/"],
+        bad: &["", "aGVsbG8", "a===", "ab=c", "ab-_", "aGV"],
+        messages: &["invalid base64"],
+    },
+    NamedFormatCase {
+        key: "date",
+        good: &["2021-01-01", "2020-02-29", "2000-02-29", "0000-02-29"],
+        bad: &[
+            "",
+            "2021-02-29",
+            "1900-02-29",
+            "2021-13-01",
+            "2021-1-01",
+            "2021-01-01T00:00:00Z",
+        ],
+        messages: &["invalid date"],
+    },
+    NamedFormatCase {
+        key: "datetime",
+        good: &[
+            "2021-01-01T00:00:00Z",
+            "2021-01-01t23:59:59.123+01:00",
+            "2021-01-01T00:00:00Zt junk",
+            "2021-01-01T00:00:00é5z",
+            "2021-01-01T00:00:0012z",
+        ],
+        bad: &[
+            "",
+            "2021-01-01",
+            "2021-01-01T24:00:00Z",
+            "2021-01-01T00:00:00",
+            "2021-01-01T00:00:00.Z",
+            "2021-01-01T00:00:00+0100",
+            "2021-02-30T00:00:00Z",
+            "2021-01-01T00:00:001z",
+        ],
+        messages: &["invalid datetime"],
+    },
+];
+
+/// A CEL double-quoted string literal.
+fn cel_str(s: impl AsRef<str>) -> String {
+    let mut out = String::from("\"");
+    for c in s.as_ref().chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\t' => out.push_str("\\t"),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// Whether a selector calls the format library (not ext.Strings' `"...".format`).
+fn uses_named_format(e: &str) -> bool {
+    e.contains("format.named(")
+        || e.contains(".validate(")
+        || NAMED_FORMATS
+            .iter()
+            .any(|f| e.contains(&format!("format.{}(", f.key)))
+}
+
+/// The Kubernetes format library: formats by name (known and unknown) and by function, validated
+/// over literal values each format takes or refuses and over the device's attributes, with the
+/// answer read as presence, size, or upstream's exact message; wrong argument types at compile
+/// time and, behind `dyn`, at run time.
+fn named_format_atom(r: &mut Rng) -> String {
+    let fc = r.pick(NAMED_FORMATS);
+    let key = fc.key;
+    let other = r.pick(NAMED_FORMATS).key;
+    // the answer read as one of upstream's messages: mostly of this format, over a refused value
+    let ending = r.n(11);
+    let ask_message = matches!(ending, 4..=6);
+    let unknown = *r.pick(&["URI", "nosuch", "", "dns1123label", "format.uri"]);
+    let name = if r.coin(80) { key } else { unknown };
+    let f = match r.n(12) {
+        0..=4 => format!("format.{key}()"),
+        5 | 6 => format!("format.named(\"{key}\").value()"),
+        7 => format!("format.named(\"{name}\").orValue(format.{other}())"),
+        8 => format!("format.named(\"{name}\").value()"),
+        9 => format!("dyn(format.{key}())"),
+        10 => r
+            .pick(&[
+                "format.named(1).value()",
+                "format.named(dyn(1)).value()",
+                "format.nosuch()",
+                "format.uri(1)",
+                "format.named(\"uri\")",
+                "dyn(\"uri\")",
+                "format",
+            ])
+            .to_string(),
+        _ => format!("format.named(\"{name}\").orValue(format.{key}())"),
+    };
+    let arg = match r.n(10) {
+        _ if ask_message && r.coin(60) => cel_str(r.pick(fc.bad)),
+        0..=3 => cel_str(r.pick(fc.good)),
+        4..=6 => cel_str(r.pick(fc.bad)),
+        7 => {
+            let refused = r.pick(NAMED_FORMATS).bad;
+            cel_str(r.pick(refused))
+        }
+        8 => {
+            let (a, ty) = attr_ref(r);
+            if ty == "s" || r.coin(30) {
+                a
+            } else {
+                format!("dyn({a})")
+            }
+        }
+        _ => r
+            .pick(&["device.driver", "1", "dyn(1)", "dyn(\"a\")", "string(1)"])
+            .to_string(),
+    };
+    let v = format!("{f}.validate({arg})");
+    let msg = if r.coin(80) {
+        cel_str(r.pick(fc.messages))
+    } else {
+        let any = r.pick(NAMED_FORMATS).messages;
+        cel_str(r.pick(any))
+    };
+    match ending {
+        0 => format!("{v}.hasValue()"),
+        1 => format!("!{v}.hasValue()"),
+        2 => format!("{v} == optional.none()"),
+        3 => format!("{v}.orValue([]).size() == {}", r.n(3)),
+        4 | 5 => format!("{v}.orValue([]).exists(m, m == {msg})"),
+        6 => format!("{v}.value()[0] == {msg}"),
+        7 => format!(
+            "{v}.orValue([\"\"]).join(\"|\").size() {} {}",
+            r.pick(&[">", "<", "=="]),
+            r.pick(&[0, 21, 30, 60, 200, 300])
+        ),
+        8 => format!("format.named(\"{name}\").hasValue()"),
+        9 => format!(
+            "{} {} {}",
+            f,
+            r.pick(&["==", "!="]),
+            r.pick(&[
+                format!("format.{other}()"),
+                format!("format.named(\"{name}\").orValue(format.{key}())"),
+                "dyn(1)".to_string(),
+            ])
+        ),
+        _ => format!("({v}.hasValue() || {v}.orValue([]).size() == 0)"),
     }
 }
 
@@ -1113,9 +1391,15 @@ fn differential_against_go_oracle() {
     let mut n_evals = 0;
     for _ in 0..ALLOC_CASES {
         let mut c = alloc_case(&mut r);
-        let evals: Vec<J> = (0..2)
+        let mut evals: Vec<J> = (0..2)
             .map(|_| json!({"expression": selector(&mut r, 3), "device": eval_device(&mut r)}))
             .collect();
+        // one format-library call on its own, so that its answer is the selector's
+        if r.coin(25) {
+            evals.push(
+                json!({"expression": named_format_atom(&mut r), "device": eval_device(&mut r)}),
+            );
+        }
         n_evals += evals.len();
         c["evals"] = J::Array(evals);
         cases.push(c);
@@ -1133,6 +1417,8 @@ fn differential_against_go_oracle() {
     }
     let mut mismatches = Vec::new();
     let mut agreement = std::collections::BTreeMap::<String, usize>::new();
+    // outcomes of the evaluations that call the format library
+    let mut named_format = std::collections::BTreeMap::<String, usize>::new();
     let mut cov = Coverage::default();
     for (i, (c, want)) in cases
         .as_array()
@@ -1147,6 +1433,9 @@ fn differential_against_go_oracle() {
             let wkind = w["result"].as_str().unwrap_or("");
             let wmsg = w["message"].as_str().unwrap_or("");
             *agreement.entry(format!("eval:{wkind}")).or_default() += 1;
+            if uses_named_format(e["expression"].as_str().unwrap_or("")) {
+                *named_format.entry(wkind.to_string()).or_default() += 1;
+            }
             let same_key_error = wmsg.contains("no such key") == msg.contains("no such key");
             if kind != wkind || !same_key_error {
                 mismatches.push(format!(
@@ -1176,7 +1465,8 @@ fn differential_against_go_oracle() {
         }
     }
     eprintln!(
-        "differential: {n_evals} CEL evaluations + {ALLOC_CASES} allocations; outcomes {agreement:?}; coverage {cov:?}; {} mismatches",
+        "differential: {n_evals} CEL evaluations + {ALLOC_CASES} allocations; outcomes {agreement:?}; format library {} evaluations {named_format:?}; coverage {cov:?}; {} mismatches",
+        named_format.values().sum::<usize>(),
         mismatches.len()
     );
     assert!(
@@ -1206,6 +1496,12 @@ fn differential_against_go_oracle() {
     assert!(
         cov.fell_through >= 100,
         "too few firstAvailable fall-throughs: {cov:?}"
+    );
+    assert!(
+        ["true", "false", "error", "compile_error"]
+            .iter()
+            .all(|k| named_format.get(*k).copied().unwrap_or(0) >= 100),
+        "too few format-library evaluations of some outcome: {named_format:?}"
     );
     assert!(
         cov.multi_claim_ok >= 100 && cov.admin >= 20 && cov.all_mode >= 20,
