@@ -48,7 +48,18 @@ type Case struct {
 type EvalAnswer struct {
 	Result  string `json:"result"`
 	Message string `json:"message,omitempty"`
+	// Cost is cel-go's actual runtime cost of the evaluation, when it reports one (not for
+	// compile errors, nor for attributes that fail conversion before evaluation starts). Go
+	// iterates maps in a random order, so a comprehension that stops early over a map can cost
+	// differently from one run to the next: CostMax is the highest of costRuns runs, Cost the
+	// lowest.
+	Cost    *uint64 `json:"cost,omitempty"`
+	CostMax *uint64 `json:"cost_max,omitempty"`
 }
+
+// costRuns is how often an evaluation runs for its cost range. With at most six keys per map, a
+// key comes first in a run with a chance of about 1/6, so 64 runs miss it with a chance of 1e-5.
+const costRuns = 64
 
 type Answer struct {
 	Status  string                         `json:"status,omitempty"`
@@ -171,11 +182,24 @@ func evalOne(ctx context.Context, e EvalCase) EvalAnswer {
 	if r.Error != nil {
 		return EvalAnswer{Result: "compile_error", Message: r.Error.Error()}
 	}
-	m, _, err := r.DeviceMatches(ctx, e.Device)
-	if err != nil {
-		return EvalAnswer{Result: "error", Message: err.Error()}
+	m, details, err := r.DeviceMatches(ctx, e.Device)
+	var cost, costMax *uint64
+	if details != nil {
+		cost = details.ActualCost()
 	}
-	return EvalAnswer{Result: fmt.Sprint(m)}
+	if cost != nil {
+		lo, hi := *cost, *cost
+		for i := 1; i < costRuns; i++ {
+			_, d, _ := r.DeviceMatches(ctx, e.Device)
+			c := *d.ActualCost()
+			lo, hi = min(lo, c), max(hi, c)
+		}
+		cost, costMax = &lo, &hi
+	}
+	if err != nil {
+		return EvalAnswer{Result: "error", Message: err.Error(), Cost: cost, CostMax: costMax}
+	}
+	return EvalAnswer{Result: fmt.Sprint(m), Cost: cost, CostMax: costMax}
 }
 
 func main() {
