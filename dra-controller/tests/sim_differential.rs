@@ -1,7 +1,12 @@
 //! Differential test: 2,400 random allocation cases and 5,423 random CEL evaluations (two per case,
 //! and in a quarter of the cases a format-library call on its own; seeded, so the same every run)
 //! answered by our simulator and by the Go oracle built against
-//! k8s.io/dynamic-resource-allocation v0.37.2 (e2e/oracle); answers must be identical.
+//! k8s.io/dynamic-resource-allocation v0.37.2 (e2e/oracle); answers must be identical, and so must
+//! the runtime cost of each CEL evaluation where cel-go reports one (`ActualCost`: every one that
+//! ran, successful or failed; 3,755 of them). Go iterates maps in a random order, so where a
+//! comprehension over a map stops early the cost differs between runs: the oracle runs each
+//! evaluation 64 times and reports the lowest and highest cost, and ours must lie in between (91
+//! evaluations; the others cost the same every run and must match exactly).
 //!
 //! Allocation cases mix plain, partitionable (shared counters that run out) and consumable-capacity
 //! pools (allowMultipleAllocations with request policies, pre-existing shares), node selection of
@@ -1218,18 +1223,19 @@ fn run_oracle(bin: &PathBuf, cases: &J) -> Vec<J> {
     serde_json::from_slice(&out.stdout).expect("oracle JSON")
 }
 
-fn rust_eval(e: &J) -> (String, String) {
+/// Our answer to one evaluation: kind, message and runtime cost (none for compile errors).
+fn rust_eval(e: &J) -> (String, String, Option<u64>) {
     let expr = e["expression"].as_str().expect("expression");
     let d = &e["device"];
     let attrs = serde_json::from_value(d["Attributes"].clone()).expect("attributes");
     let caps = serde_json::from_value(d["Capacity"].clone()).expect("capacity");
     let prog = match cel::compile(expr) {
         Ok(p) => p,
-        Err(m) => return ("compile_error".into(), m),
+        Err(m) => return ("compile_error".into(), m, None),
     };
     let multi = d["AllowMultipleAllocations"].as_bool().unwrap_or(false);
     let dev = cel::device_value(DRV, Some(&attrs), Some(&caps), multi).expect("device");
-    let whole = prog.eval(&dev);
+    let (whole, cost) = prog.eval_cost(&dev);
     // The allocator's way: the fused program reading the slice data in place.
     let raw = cel::RawDevice {
         driver: DRV,
@@ -1237,14 +1243,16 @@ fn rust_eval(e: &J) -> (String, String) {
         capacity: Some(&caps),
         allow_multiple_allocations: multi,
     };
-    let in_place = cel::device_check(&raw).and_then(|()| prog.eval_raw(raw));
+    cel::device_check(&raw).expect("device values convert");
+    let (in_place, raw_cost) = prog.eval_raw_cost(raw);
     assert_eq!(
-        whole, in_place,
-        "{expr}: whole device value vs slice data in place"
+        (&whole, cost),
+        (&in_place, raw_cost),
+        "{expr}: whole device value vs slice data in place (result, cost)"
     );
     match whole {
-        Ok(b) => (b.to_string(), String::new()),
-        Err(m) => ("error".into(), m),
+        Ok(b) => (b.to_string(), String::new(), Some(cost)),
+        Err(m) => ("error".into(), m, Some(cost)),
     }
 }
 
@@ -1420,6 +1428,8 @@ fn differential_against_go_oracle() {
     // outcomes of the evaluations that call the format library
     let mut named_format = std::collections::BTreeMap::<String, usize>::new();
     let mut cov = Coverage::default();
+    let mut costs_compared = 0;
+    let mut costs_varied = 0;
     for (i, (c, want)) in cases
         .as_array()
         .expect("cases")
@@ -1428,10 +1438,29 @@ fn differential_against_go_oracle() {
         .enumerate()
     {
         for (j, e) in c["evals"].as_array().expect("evals").iter().enumerate() {
-            let (kind, msg) = rust_eval(e);
+            let (kind, msg, cost) = rust_eval(e);
             let w = &want["evals"][j];
             let wkind = w["result"].as_str().unwrap_or("");
             let wmsg = w["message"].as_str().unwrap_or("");
+            // cel-go's actual cost, wherever it reports one (every evaluation that ran). Go
+            // iterates maps in a random order: where a comprehension over a map stops early, its
+            // cost varies between the oracle's runs, and ours must lie within their range.
+            if let Some(lo) = w["cost"].as_u64() {
+                let hi = w["cost_max"].as_u64().unwrap_or(lo);
+                costs_compared += 1;
+                costs_varied += usize::from(lo != hi);
+                if !cost.is_some_and(|c| (lo..=hi).contains(&c)) {
+                    let go = if lo == hi {
+                        lo.to_string()
+                    } else {
+                        format!("{lo}..={hi}")
+                    };
+                    mismatches.push(format!(
+                        "case {i} eval {j}: {}\n  runtime cost: go {go}, rust {cost:?} ({wkind} / {kind})",
+                        e["expression"]
+                    ));
+                }
+            }
             *agreement.entry(format!("eval:{wkind}")).or_default() += 1;
             if uses_named_format(e["expression"].as_str().unwrap_or("")) {
                 *named_format.entry(wkind.to_string()).or_default() += 1;
@@ -1465,7 +1494,7 @@ fn differential_against_go_oracle() {
         }
     }
     eprintln!(
-        "differential: {n_evals} CEL evaluations + {ALLOC_CASES} allocations; outcomes {agreement:?}; format library {} evaluations {named_format:?}; coverage {cov:?}; {} mismatches",
+        "differential: {n_evals} CEL evaluations ({costs_compared} with runtime costs compared, {costs_varied} of them varying with Go's map order) + {ALLOC_CASES} allocations; outcomes {agreement:?}; format library {} evaluations {named_format:?}; coverage {cov:?}; {} mismatches",
         named_format.values().sum::<usize>(),
         mismatches.len()
     );
@@ -1479,6 +1508,11 @@ fn differential_against_go_oracle() {
             .cloned()
             .collect::<Vec<_>>()
             .join("\n")
+    );
+    // the oracle must keep reporting costs (all but compile errors and conversion failures)
+    assert!(
+        costs_compared * 2 >= n_evals,
+        "only {costs_compared} of {n_evals} evaluations had a cost from the oracle"
     );
     // the generator must keep exercising the interesting paths
     assert!(

@@ -127,8 +127,30 @@ pub enum Func {
     FormatOf(u8),
     /// `<format>.validate(string)`
     FormatValidate,
-    /// any function of the authz library: only ever reached with a receiver of another type
-    Authz,
+    /// any function of the authz library: only ever reached with a receiver of another type,
+    /// but priced by the Kubernetes estimator all the same
+    Authz(AuthzPrice),
+}
+
+/// What the Kubernetes cost estimator charges for an authz library call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AuthzPrice {
+    /// `check`: 350,000
+    Check,
+    /// `fieldSelector` / `labelSelector`: by the selector string's length
+    Selector,
+    /// anything else: 1
+    Unit,
+}
+
+impl AuthzPrice {
+    fn of(name: &str) -> Self {
+        match name {
+            "check" => AuthzPrice::Check,
+            "fieldSelector" | "labelSelector" => AuthzPrice::Selector,
+            _ => AuthzPrice::Unit,
+        }
+    }
 }
 
 #[derive(Debug)]
@@ -1113,7 +1135,7 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
     }
     if member && let Some((receiver, arity, result)) = authz_member(name) {
         if is(0, &Authz(receiver)) && n == arity + 1 && (1..n).all(|i| is(i, &Str)) {
-            ok!(F::Authz, result)
+            ok!(F::Authz(AuthzPrice::of(name)), result)
         }
         return Err(None);
     }
@@ -1332,7 +1354,7 @@ fn resolve(name: &str, member: bool, t: &[Ty]) -> Result<(Func, Ty), Option<Stri
         ("check", true, 2)
             if (is(0, &Authz("PathCheck")) || is(0, &Authz("ResourceCheck"))) && is(1, &Str) =>
         {
-            ok!(F::Authz, Authz("Decision"))
+            ok!(F::Authz(AuthzPrice::Check), Authz("Decision"))
         }
         ("charAt", true, 2) if is(0, &Str) && is(1, &Int) => ok!(F::CharAt, Str),
         ("indexOf" | "lastIndexOf", true, 2 | 3) if t[0] == Str || (d(0) && is(1, &Str)) => {

@@ -1,6 +1,7 @@
-//! The interpreter for compiled selectors, with a runtime cost counter (one unit per evaluated
-//! node, plus string/list sizes for the linear library calls) enforcing the Kubernetes limit.
-use super::compile::{DeviceProp, FieldMode, Func, Node};
+//! The interpreter for compiled selectors, with a runtime cost counter enforcing the Kubernetes
+//! limit that charges what cel-go's cost tracker observes (`interpreter/runtimecost.go` with the
+//! Kubernetes `library.CostEstimator`), step by step.
+use super::compile::{AuthzPrice, DeviceProp, FieldMode, Func, Node};
 use super::fuse::{FIELD_COST, PROP_COST};
 use super::named_format;
 use super::net::{Addr, Prefix};
@@ -28,6 +29,9 @@ pub struct Ctx<'a> {
     /// The raw device's whole value, once something needed it.
     pub built: Option<Value>,
     pub cost: u64,
+    /// The root of an attribute that cel-go resolves without observing it (a ternary's branch):
+    /// its own unit is not charged. Null when there is none.
+    pub skip_root: *const Node,
 }
 
 fn no_overload<T>() -> Result<T, String> {
@@ -56,34 +60,41 @@ impl Ctx<'_> {
         }
     }
 
-    #[inline]
-    /// The library calls that charge a tenth per character (rounded up, per character
-    /// `per`) instead of the 1 every call already cost.
-    fn charge_chars(&mut self, s: &str, per: u64) -> Result<(), String> {
-        self.charge(
-            (per * s.chars().count() as u64)
-                .div_ceil(10)
-                .saturating_sub(1),
-        )
+    /// Charges the `units` of attribute node `n`, less its own unit where cel-go does not observe
+    /// it (see `skip_root`).
+    fn charge_attr(&mut self, n: &Node, units: u64) -> Result<(), String> {
+        self.charge(units - u64::from(std::ptr::eq(n, self.skip_root)))
     }
 
+    /// Adds `n` and checks the limit, as cel-go does after each step. cel-go aborts the whole
+    /// evaluation there; an error here could be absorbed (`&&`, `||`, `@not_strictly_false`), so
+    /// the cost stays where it first passed the limit and [`Ctx::exceeded`] decides the outcome.
     fn charge(&mut self, n: u64) -> Result<(), String> {
+        if self.exceeded() {
+            return Err(COST_EXCEEDED.to_string());
+        }
         self.cost += n;
-        if self.cost > COST_LIMIT {
+        if self.exceeded() {
             return Err(COST_EXCEEDED.to_string());
         }
         Ok(())
+    }
+
+    /// Whether the evaluation ran past the cost limit (it is then cel-go's `actual cost limit
+    /// exceeded`, whatever the value computed).
+    pub fn exceeded(&self) -> bool {
+        self.cost > COST_LIMIT
     }
 
     pub fn eval(&mut self, n: &Node) -> EvalResult {
         match n {
             Node::Const(v) => Ok(v.clone()),
             Node::Device => {
-                self.charge(1)?;
+                self.charge_attr(n, 1)?;
                 self.whole_device()
             }
             Node::DeviceProp(p) => {
-                self.charge(PROP_COST)?;
+                self.charge_attr(n, PROP_COST)?;
                 match (self.device, p) {
                     (DeviceInput::Raw(r), DeviceProp::Driver) => Ok(Value::str(r.driver)),
                     (DeviceInput::Raw(r), DeviceProp::AllowMultipleAllocations) => {
@@ -103,7 +114,9 @@ impl Ctx<'_> {
                 id,
                 mode,
             } => {
-                self.charge(FIELD_COST)?;
+                // a presence test does not charge the `device` reference (see `Node::Select`),
+                // an optional selection charges its qualifier only when it finds the key (see
+                // `Node::OptSelect`)
                 let found = match self.device {
                     DeviceInput::Raw(r) => raw_field(&r, *capacity, domain, id)?,
                     DeviceInput::Value(v) => {
@@ -118,6 +131,14 @@ impl Ctx<'_> {
                         }
                     }
                 };
+                self.charge_attr(
+                    n,
+                    match mode {
+                        FieldMode::Get => FIELD_COST,
+                        FieldMode::Has => FIELD_COST - 1,
+                        FieldMode::Opt => FIELD_COST - u64::from(found.is_none()),
+                    },
+                )?;
                 match (mode, found) {
                     (FieldMode::Get, Some(v)) => Ok(v),
                     (FieldMode::Get, None) => Err(format!("no such key: {id}")),
@@ -125,24 +146,36 @@ impl Ctx<'_> {
                     (FieldMode::Opt, found) => Ok(Value::Optional(found.map(Arc::new))),
                 }
             }
-            Node::Local(s) => Ok(self.locals[*s].clone()),
+            Node::Local(s) => {
+                self.charge_attr(n, 1)?;
+                Ok(self.locals[*s].clone())
+            }
             Node::Select {
                 operand,
                 field,
                 test,
             } => {
-                self.charge(1)?;
-                let v = self.eval(operand)?;
+                let v = self.eval_operand(operand)?;
+                // the qualifier; a presence test costs nothing of its own (the Kubernetes
+                // environment turns `PresenceTestHasCost` off), which cel-go counts by dropping
+                // the attribute's own unit
+                if !*test || !is_attr(operand) {
+                    self.charge(1)?;
+                }
                 select(&v, field, *test)
             }
             Node::OptSelect { operand, field } => {
-                self.charge(1)?;
-                let v = self.eval(operand)?;
-                match v {
+                // cel-go's cost tracker observes an optional qualifier only when it finds a value
+                let v = self.eval_operand(operand)?;
+                let r = match v {
                     Value::Optional(None) => Ok(Value::Optional(None)),
                     Value::Optional(Some(inner)) => opt_select(&inner, field),
                     v => opt_select(&v, field),
+                };
+                if let Ok(Value::Optional(Some(_))) = r {
+                    self.charge(1)?;
                 }
+                r
             }
             Node::And(a, bb) => {
                 let l = self.eval(a);
@@ -172,45 +205,46 @@ impl Ctx<'_> {
                     _ => no_overload(),
                 }
             }
-            Node::Cond(c, x, y) => match self.eval(c)? {
-                Value::Bool(true) => self.eval(x),
-                Value::Bool(false) => self.eval(y),
-                _ => no_overload(),
-            },
-            Node::Call { func, args } => {
-                self.charge(1)?;
-                if *func == Func::NotStrictlyFalse {
-                    return match self.eval(&args[0]) {
-                        Ok(Value::Bool(false)) => b(false),
-                        _ => b(true),
-                    };
-                }
-                match args.len() {
-                    1 => {
-                        let x = self.eval(&args[0])?;
-                        self.call(*func, std::slice::from_ref(&x))
-                    }
-                    2 => {
-                        let x = self.eval(&args[0])?;
-                        let y = self.eval(&args[1])?;
-                        self.call(*func, &[x, y])
-                    }
-                    _ => {
-                        let mut vals = Vec::with_capacity(args.len());
-                        for a in args {
-                            vals.push(self.eval(a)?);
-                        }
-                        self.call(*func, &vals)
-                    }
-                }
+            Node::Cond(c, x, y) => {
+                let branch = match self.eval(c)? {
+                    Value::Bool(true) => x,
+                    Value::Bool(false) => y,
+                    _ => return no_overload(),
+                };
+                // cel-go's ternary resolves an attribute branch without the observation of the
+                // attribute itself (its qualifiers are still charged); a presence test's and a
+                // nested ternary's cost nothing anyway
+                let unobserved = match &**branch {
+                    Node::Cond(..) | Node::Select { test: true, .. } => false,
+                    Node::DeviceField { mode, .. } => *mode != FieldMode::Has,
+                    n => is_attr(n),
+                };
+                let root = if unobserved {
+                    spine_root(branch) as *const Node
+                } else {
+                    std::ptr::null()
+                };
+                let saved = std::mem::replace(&mut self.skip_root, root);
+                let r = self.eval(branch);
+                self.skip_root = saved;
+                r
             }
+            Node::Call { func, args } => self.eval_call(*func, args),
             Node::RegexCall { func, target, re } => {
-                self.charge(1)?;
+                // cel-go's `matches` price (the Kubernetes estimator's for `find`/`findAll`): a
+                // tenth of the string plus one, times a quarter of the pattern, rounded up. The
+                // call cel-go plans for a literal pattern is not priced when its target failed.
                 let v = self.eval(target)?;
+                let len = if *func == Func::Matches {
+                    size(&v)
+                } else {
+                    k8s_size(&v)
+                };
+                let pattern = re.as_str().chars().count() as u64;
+                self.charge(tenths(len + 1, 1) * (pattern as f64 * 0.25).ceil() as u64)?;
                 let Value::Str(s) = v else {
                     return no_overload();
                 };
-                self.charge(s.len() as u64 / 10)?;
                 match func {
                     Func::Matches => b(re.is_match(&s)),
                     Func::Find => Ok(Value::str(re.find(&s).map(|m| m.as_str()).unwrap_or(""))),
@@ -220,42 +254,72 @@ impl Ctx<'_> {
                 }
             }
             Node::List { elems, optional } => {
-                self.charge(10)?;
                 let mut out = Vec::with_capacity(elems.len());
+                // cel-go builds a literal of constants once, when planning: it costs nothing
+                let base = if elems.iter().all(folded) { 0 } else { 10 };
                 for (e, opt) in elems.iter().zip(optional.iter()) {
-                    let v = self.eval(e)?;
+                    let v = match self.eval(e) {
+                        Ok(v) => v,
+                        Err(e) => {
+                            self.charge(base)?;
+                            return Err(e);
+                        }
+                    };
                     if *opt {
                         match v {
                             Value::Optional(None) => {}
                             Value::Optional(Some(x)) => out.push((*x).clone()),
-                            _ => return no_overload(),
+                            _ => {
+                                self.charge(base)?;
+                                return no_overload();
+                            }
                         }
                     } else {
                         out.push(v);
                     }
                 }
+                self.charge(base)?;
                 Ok(Value::List(Arc::new(out)))
             }
             Node::Map { entries } => {
-                self.charge(30)?;
                 let mut m = MapVal::default();
+                let base = if entries.iter().all(|(k, v, _)| folded(k) && folded(v)) {
+                    0
+                } else {
+                    30
+                };
                 for (k, v, opt) in entries {
-                    let kv = self.eval(k)?;
-                    let vv = self.eval(v)?;
+                    let kv = self.eval(k);
+                    let vv = match kv {
+                        Ok(_) => self.eval(v),
+                        Err(_) => Ok(Value::Null),
+                    };
+                    let (kv, vv) = match (kv, vv) {
+                        (Ok(k), Ok(v)) => (k, v),
+                        (Err(e), _) | (_, Err(e)) => {
+                            self.charge(base)?;
+                            return Err(e);
+                        }
+                    };
                     let vv = if *opt {
                         match vv {
                             Value::Optional(None) => continue,
                             Value::Optional(Some(x)) => (*x).clone(),
-                            _ => return no_overload(),
+                            _ => {
+                                self.charge(base)?;
+                                return no_overload();
+                            }
                         }
                     } else {
                         vv
                     };
                     if m.get(&kv).is_some() {
+                        self.charge(base)?;
                         return Err(format!("Failed with repeated key: {}", display(&kv)));
                     }
                     m.entries.push((kv, vv));
                 }
+                self.charge(base)?;
                 Ok(Value::Map(Arc::new(m)))
             }
             Node::Bind { slot, init, body } => {
@@ -292,7 +356,9 @@ impl Ctx<'_> {
                     }
                 };
                 for (k, v) in items {
-                    self.charge(1)?;
+                    if self.exceeded() {
+                        return Err(COST_EXCEEDED.to_string());
+                    }
                     self.locals[c.var1] = k;
                     if let Some(v2) = c.var2 {
                         self.locals[v2] = v;
@@ -309,6 +375,133 @@ impl Ctx<'_> {
         }
     }
 
+    /// The operand of a selection or index. When it is not an attribute (a call, a literal),
+    /// cel-go wraps it in a relative attribute that costs 1 once evaluated, error or not.
+    fn eval_operand(&mut self, operand: &Node) -> EvalResult {
+        let v = self.eval(operand);
+        if !is_attr(operand) {
+            self.charge_attr(operand, 1)?;
+        }
+        v
+    }
+
+    /// A call, charged as cel-go's cost tracker does once it has the arguments' values: a unary
+    /// or binary call evaluates every argument even after an error and is charged with the
+    /// failed ones counting as size 1; a longer call stops at the first failing argument and is
+    /// charged only when that was the last. `or`/`orValue` are not calls there (they short-cut
+    /// their right side) and cost nothing; conversions of constants are folded when planning.
+    fn eval_call(&mut self, func: Func, args: &[Node]) -> EvalResult {
+        match func {
+            Func::NotStrictlyFalse => {
+                let r = self.eval(&args[0]);
+                self.charge(1)?;
+                return match r {
+                    Ok(Value::Bool(false)) => b(false),
+                    _ => b(true),
+                };
+            }
+            Func::Or | Func::OrValue => {
+                let l = self.eval(&args[0])?;
+                return match l {
+                    Value::Optional(Some(v)) if func == Func::OrValue => Ok((*v).clone()),
+                    Value::Optional(Some(_)) => Ok(l),
+                    Value::Optional(None) => self.eval(&args[1]),
+                    _ => no_overload(),
+                };
+            }
+            Func::Index | Func::OptIndex => {
+                let c = self.eval_operand(&args[0])?;
+                let k = self.eval(&args[1]);
+                // the qualifier: an attribute used as the index is charged as it is evaluated,
+                // anything else costs 1 more; an optional one only when it finds a value
+                let r = match k {
+                    Ok(k) => self.call(func, &[c, k]),
+                    Err(e) => Err(e),
+                };
+                let found = func == Func::Index || matches!(r, Ok(Value::Optional(Some(_))));
+                if found && !is_attr(&args[1]) {
+                    self.charge(1)?;
+                }
+                return r;
+            }
+            Func::In => {
+                let set = match &args[1] {
+                    Node::Const(Value::List(l)) => Some((**l).clone()),
+                    Node::List { elems, .. } => elems
+                        .iter()
+                        .map(|e| match e {
+                            Node::Const(v) => Some(v.clone()),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => None,
+                };
+                if let Some(l) = set
+                    && l.iter().all(is_set_member)
+                {
+                    // a constant list of scalars becomes a set lookup when planned: no cost
+                    if l.is_empty() {
+                        return b(false);
+                    }
+                    let x = self.eval(&args[0])?;
+                    return self.call(func, &[x, Value::List(Arc::new(l))]);
+                }
+            }
+            Func::ToInt
+            | Func::ToUint
+            | Func::ToDouble
+            | Func::ToString
+            | Func::ToBool
+            | Func::TypeOf
+            | Func::Dyn
+                if folded(&args[0]) =>
+            {
+                let x = self.eval(&args[0])?;
+                return self.call(func, &[x]);
+            }
+            _ => {}
+        }
+        // planned as variadic (several arities behind one dynamic dispatch): see below
+        let variadic = matches!(func, Func::IndexOf | Func::LastIndexOf | Func::Format);
+        if args.len() <= 2 && !variadic {
+            let mut vals = [const { Ok(Value::Null) }, const { Ok(Value::Null) }];
+            for (v, a) in vals.iter_mut().zip(args) {
+                *v = self.eval(a);
+            }
+            let n = args.len();
+            if let Some(Err(e)) = vals[..n].iter().find(|v| v.is_err()) {
+                let e = e.clone();
+                let placeholders = vals.map(|v| v.unwrap_or(Value::Null));
+                self.charge(call_cost(func, &placeholders[..n], &Value::Null))?;
+                return Err(e);
+            }
+            let vals = vals.map(|v| v.expect("no argument failed"));
+            let r = self.call(func, &vals[..n]);
+            self.charge(call_cost(
+                func,
+                &vals[..n],
+                r.as_ref().unwrap_or(&Value::Null),
+            ))?;
+            return r;
+        }
+        let mut vals = Vec::with_capacity(args.len());
+        for (i, a) in args.iter().enumerate() {
+            match self.eval(a) {
+                Ok(v) => vals.push(v),
+                Err(e) => {
+                    if i + 1 == args.len() {
+                        vals.push(Value::Null);
+                        self.charge(call_cost(func, &vals, &Value::Null))?;
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        let r = self.call(func, &vals);
+        self.charge(call_cost(func, &vals, r.as_ref().unwrap_or(&Value::Null)))?;
+        r
+    }
+
     fn call(&mut self, f: Func, a: &[Value]) -> EvalResult {
         use Value::*;
         match f {
@@ -322,13 +515,9 @@ impl Ctx<'_> {
                     .map(Uint)
                     .ok_or_else(|| "unsigned integer overflow".into()),
                 (Double(x), Double(y)) => Ok(Double(x + y)),
-                (Str(x), Str(y)) => {
-                    self.charge((x.len() + y.len()) as u64 / 10)?;
-                    Ok(Value::str(&format!("{x}{y}")))
-                }
+                (Str(x), Str(y)) => Ok(Value::str(&format!("{x}{y}"))),
                 (Bytes(x), Bytes(y)) => Ok(Bytes(Arc::from([x.as_ref(), y.as_ref()].concat()))),
                 (List(x), List(y)) => {
-                    self.charge((x.len() + y.len()) as u64)?;
                     let mut v = (**x).clone();
                     v.extend(y.iter().cloned());
                     Ok(List(Arc::new(v)))
@@ -410,7 +599,6 @@ impl Ctx<'_> {
                 let (Str(s), List(l)) = (&a[0], &a[1]) else {
                     return no_overload();
                 };
-                self.charge_chars(s, 1)?;
                 super::format::format(s, l).map(|s| Value::str(&s))
             }
             Func::MapInsert | Func::MapMerge => {
@@ -438,7 +626,6 @@ impl Ctx<'_> {
                 let (List(l), List(keys)) = (&a[0], &a[1]) else {
                     return no_overload();
                 };
-                self.charge(l.len() as u64)?;
                 let mut idx: Vec<usize> = (0..l.len()).collect();
                 let mut err = None;
                 idx.sort_by(|&i, &j| match compare(&keys[i], &keys[j]) {
@@ -471,7 +658,6 @@ impl Ctx<'_> {
             }
             Func::In => match &a[1] {
                 List(l) => {
-                    self.charge(l.len() as u64)?;
                     for x in l.iter() {
                         if equals(x, &a[0]).unwrap_or(false) {
                             return b(true);
@@ -500,14 +686,11 @@ impl Ctx<'_> {
                 _ => no_overload(),
             },
             Func::Contains | Func::StartsWith | Func::EndsWith => match (&a[0], &a[1]) {
-                (Str(x), Str(y)) => {
-                    self.charge((x.len() as u64) / 10)?;
-                    b(match f {
-                        Func::Contains => x.contains(y.as_ref()),
-                        Func::StartsWith => x.starts_with(y.as_ref()),
-                        _ => x.ends_with(y.as_ref()),
-                    })
-                }
+                (Str(x), Str(y)) => b(match f {
+                    Func::Contains => x.contains(y.as_ref()),
+                    Func::StartsWith => x.starts_with(y.as_ref()),
+                    _ => x.ends_with(y.as_ref()),
+                }),
                 _ => no_overload(),
             },
             Func::Matches | Func::Find | Func::FindAll => {
@@ -516,7 +699,6 @@ impl Ctx<'_> {
                 };
                 let re =
                     regex::Regex::new(p).map_err(|e| format!("invalid matches argument: {e}"))?;
-                self.charge(s.len() as u64 / 10)?;
                 match f {
                     Func::Matches => b(re.is_match(s)),
                     Func::Find => Ok(Value::str(re.find(s).map(|m| m.as_str()).unwrap_or(""))),
@@ -689,7 +871,7 @@ impl Ctx<'_> {
             }
             // No value of an authz type exists (the environment has no `authorizer`): a call
             // that type-checked through a `dyn` receiver finds no overload, as in cel-go.
-            Func::Authz => no_overload(),
+            Func::Authz(_) => no_overload(),
             _ => self.call_ext(f, a),
         }
     }
@@ -719,7 +901,6 @@ impl Ctx<'_> {
                     };
                     let chars: Vec<char> = s.chars().collect();
                     let subc: Vec<char> = sub.chars().collect();
-                    self.charge(chars.len() as u64 / 10)?;
                     let last = f == Func::LastIndexOf;
                     let start = match a.get(2) {
                         Some(Int(i)) => {
@@ -751,7 +932,6 @@ impl Ctx<'_> {
                     Ok(Int(found.map(|i| i as i64).unwrap_or(-1)))
                 }
                 List(l) => {
-                    self.charge(l.len() as u64)?;
                     let mut it: Box<dyn Iterator<Item = (usize, &Value)>> = if f == Func::IndexOf {
                         Box::new(l.iter().enumerate())
                     } else {
@@ -857,7 +1037,6 @@ impl Ctx<'_> {
             },
             Func::IsSorted | Func::Sum | Func::Min | Func::Max | Func::Sort => {
                 let List(l) = &a[0] else { return no_overload() };
-                self.charge(l.len() as u64)?;
                 match f {
                     Func::IsSorted => {
                         for w in l.windows(2) {
@@ -966,7 +1145,6 @@ impl Ctx<'_> {
             }
             Func::ListsRange => {
                 let Int(n) = &a[0] else { return no_overload() };
-                self.charge((*n).max(0) as u64)?;
                 Ok(List(Arc::new((0..*n).map(Int).collect())))
             }
             Func::First | Func::Last => {
@@ -982,7 +1160,6 @@ impl Ctx<'_> {
                 let (List(x), List(y)) = (&a[0], &a[1]) else {
                     return no_overload();
                 };
-                self.charge((x.len() * y.len()) as u64)?;
                 let has = |l: &[Value], v: &Value| l.iter().any(|e| equals(e, v).unwrap_or(false));
                 b(match f {
                     Func::SetsContains => y.iter().all(|v| has(x, v)),
@@ -1043,8 +1220,6 @@ impl Ctx<'_> {
                 let (Format(f), Str(s)) = (&a[0], &a[1]) else {
                     return no_overload();
                 };
-                // upstream's estimator prices the call instead of the 1 it already cost
-                self.charge(f.validate_cost(s.chars().count() as u64) - 1)?;
                 let errs = f.validate(s);
                 Ok(Optional((!errs.is_empty()).then(|| {
                     Arc::new(List(Arc::new(errs.iter().map(|m| Value::str(m)).collect())))
@@ -1066,7 +1241,6 @@ impl Ctx<'_> {
         match f {
             Func::Ip | Func::IsIp | Func::IpIsCanonical => {
                 let s = str_arg(0)?;
-                self.charge_chars(&s, if f == Func::IpIsCanonical { 2 } else { 1 })?;
                 let r = Addr::parse(&s);
                 match f {
                     Func::Ip => r.map(|x| Ip(Arc::new(x))),
@@ -1076,7 +1250,6 @@ impl Ctx<'_> {
             }
             Func::Cidr | Func::IsCidr => {
                 let s = str_arg(0)?;
-                self.charge_chars(&s, 1)?;
                 let r = Prefix::parse(&s);
                 if f == Func::IsCidr {
                     return b(r.is_ok());
@@ -1088,7 +1261,6 @@ impl Ctx<'_> {
                 if f == Func::IsUrl {
                     return b(super::url::Url::is_request_uri(&s));
                 }
-                self.charge_chars(&s, 1)?;
                 super::url::Url::parse(&s).map(|x| Url(Arc::new(x)))
             }
             Func::IpFamily
@@ -1109,15 +1281,6 @@ impl Ctx<'_> {
             }
             Func::CidrContainsIp | Func::CidrContainsCidr => {
                 let Cidr(p) = &a[0] else { return no_overload() };
-                let size = p.byte_len();
-                let mut cost = (2 * size).div_ceil(10);
-                if f == Func::CidrContainsCidr {
-                    cost += size.div_ceil(10) + 1;
-                }
-                if let Str(s) = &a[1] {
-                    cost += (s.chars().count() as u64).div_ceil(10);
-                }
-                self.charge(cost.saturating_sub(1))?;
                 match (f, &a[1]) {
                     (Func::CidrContainsIp, Ip(x)) => b(p.contains_ip(x)),
                     // upstream drops the parse error here (it reaches a type check first)
@@ -1166,6 +1329,224 @@ impl Ctx<'_> {
             }
             _ => no_overload(),
         }
+    }
+}
+
+/// Whether cel-go plans `n` as an attribute (an identifier, a selection or index chain, a
+/// ternary), which a selection or index extends at the cost of its qualifier alone.
+fn is_attr(n: &Node) -> bool {
+    match n {
+        Node::Device
+        | Node::DeviceProp(_)
+        | Node::DeviceField { .. }
+        | Node::Local(_)
+        | Node::Select { .. }
+        | Node::OptSelect { .. }
+        | Node::Cond(..) => true,
+        Node::Call { func, .. } => matches!(func, Func::Index | Func::OptIndex),
+        _ => false,
+    }
+}
+
+/// Where attribute `n`'s chain of selections and indexes starts.
+fn spine_root(mut n: &Node) -> &Node {
+    loop {
+        match n {
+            Node::Select { operand, .. } | Node::OptSelect { operand, .. } => n = operand,
+            Node::Call {
+                func: Func::Index | Func::OptIndex,
+                args,
+            } => n = &args[0],
+            _ => return n,
+        }
+    }
+}
+
+/// Whether cel-go's planner turns `n` into a constant (`OptOptimize`: list and map literals of
+/// constants, type conversions of constants).
+fn folded(n: &Node) -> bool {
+    match n {
+        Node::Const(_) => true,
+        Node::List { elems, .. } => elems.iter().all(folded),
+        Node::Map { entries } => entries.iter().all(|(k, v, _)| folded(k) && folded(v)),
+        Node::Call { func, args } => {
+            matches!(
+                func,
+                Func::ToInt
+                    | Func::ToUint
+                    | Func::ToDouble
+                    | Func::ToString
+                    | Func::ToBool
+                    | Func::TypeOf
+                    | Func::Dyn
+            ) && args.len() == 1
+                && folded(&args[0])
+        }
+        _ => false,
+    }
+}
+
+/// A constant list member that lets cel-go plan `in` as a set lookup.
+fn is_set_member(v: &Value) -> bool {
+    matches!(
+        v,
+        Value::Bool(_) | Value::Int(_) | Value::Uint(_) | Value::Double(_) | Value::Str(_)
+    )
+}
+
+/// cel-go's `actualSize`: the size of strings (in code points), bytes, lists and maps, an
+/// optional's value's, 1 for anything else.
+fn size(v: &Value) -> u64 {
+    match v {
+        Value::Str(s) => s.chars().count() as u64,
+        Value::Bytes(x) => x.len() as u64,
+        Value::List(l) => l.len() as u64,
+        Value::Map(m) => m.entries.len() as u64,
+        Value::Optional(Some(x)) => size(x),
+        _ => 1,
+    }
+}
+
+/// The Kubernetes estimator's size, which does not look into optionals.
+fn k8s_size(v: &Value) -> u64 {
+    match v {
+        Value::Optional(_) => 1,
+        v => size(v),
+    }
+}
+
+/// `ceil(n * per / 10)`: the string traversal factor (0.1) times `per`.
+fn tenths(n: u64, per: u64) -> u64 {
+    (n * per).div_ceil(10)
+}
+
+/// The Kubernetes estimator's `traversalCost` (a tenth of each string's bytes, rounded down).
+fn traversal(v: &Value) -> u64 {
+    match v {
+        Value::Str(s) => s.len() as u64 / 10,
+        Value::Bytes(x) => x.len() as u64 / 10,
+        Value::List(l) => l.iter().map(traversal).sum(),
+        Value::Map(m) => m
+            .entries
+            .iter()
+            .map(|(k, v)| traversal(k) + traversal(v))
+            .sum(),
+        _ => 1,
+    }
+}
+
+/// An ext.Lists allocating call: 1 for the call, 10 for the list, `factor` per unit of `n`.
+fn list_alloc(factor: f64, n: u64) -> u64 {
+    11 + (n as f64 * factor) as u64
+}
+
+/// What cel-go's cost tracker charges for a call with these arguments and result (a failed
+/// argument or result passed as `Null`): the Kubernetes library estimator's price where it has
+/// one, then ext.Lists' and ext.Sets' trackers, then cel-go's own, else 1. The IP, CIDR, URL and
+/// format-validation prices beyond 1 are charged where those calls run.
+fn call_cost(f: Func, a: &[Value], result: &Value) -> u64 {
+    use Value::*;
+    let sz = |i: usize| a.get(i).map(size).unwrap_or(1);
+    let k8s_sz = |i: usize| a.get(i).map(k8s_size).unwrap_or(1);
+    match f {
+        Func::Eq | Func::Ne => match &a[0] {
+            Quantity(_) | Ip(_) | Cidr(_) | Url(_) | Semver(_) | Format(_) => 1,
+            _ => tenths(sz(0).min(sz(1)), 1),
+        },
+        Func::Lt | Func::Le | Func::Gt | Func::Ge => match (&a[0], &a[1]) {
+            (Str(_), Str(_)) | (Bytes(_), Bytes(_)) => tenths(sz(0).min(sz(1)), 1),
+            _ => 1,
+        },
+        Func::Add => match (&a[0], &a[1]) {
+            (Str(_), Str(_)) | (Bytes(_), Bytes(_)) => tenths(sz(0) + sz(1), 1),
+            _ => 1,
+        },
+        Func::StartsWith | Func::EndsWith => tenths(sz(1), 1),
+        Func::Contains => tenths(sz(0), 1) * tenths(sz(1), 1),
+        Func::Matches | Func::Find | Func::FindAll => {
+            let regex = if f == Func::Matches { sz(1) } else { k8s_sz(1) };
+            let s = if f == Func::Matches { sz(0) } else { k8s_sz(0) };
+            tenths(1 + s, 1) * (regex as f64 * 0.25).ceil() as u64
+        }
+        Func::In => match &a[1] {
+            List(_) => sz(1),
+            _ => 1,
+        },
+        Func::Quote | Func::Format => tenths(sz(0), 1),
+        Func::Ip | Func::IsIp | Func::Cidr | Func::IsCidr | Func::Url => tenths(k8s_sz(0), 1),
+        Func::IpIsCanonical => tenths(k8s_sz(0), 2),
+        Func::CidrContainsIp | Func::CidrContainsCidr => {
+            let cidr = match &a[0] {
+                Cidr(p) => p.byte_len(),
+                _ => 1,
+            };
+            let mut cost = tenths(2 * cidr, 1);
+            if f == Func::CidrContainsCidr {
+                cost += tenths(cidr, 1) + 1;
+            }
+            if let Some(Str(_)) = a.get(1) {
+                cost += tenths(sz(1), 1);
+            }
+            cost
+        }
+        Func::LowerAscii
+        | Func::UpperAscii
+        | Func::Substring
+        | Func::Trim
+        | Func::Quantity
+        | Func::IsQuantity
+        | Func::Semver
+        | Func::IsSemver => tenths(k8s_sz(0), 1),
+        Func::Replace | Func::Split => tenths(k8s_sz(0), 2),
+        Func::Join => tenths(k8s_size(result), 2),
+        Func::IndexOf
+        | Func::LastIndexOf
+        | Func::IsSorted
+        | Func::Sum
+        | Func::Min
+        | Func::Max
+        | Func::Includes => a.first().map(traversal).unwrap_or(0),
+        Func::Slice | Func::ListsRange => list_alloc(1.0, size(result)),
+        Func::Reverse => match &a[0] {
+            List(_) => list_alloc(1.0, size(result)),
+            _ => 1,
+        },
+        Func::Flatten => {
+            let depth = match a.get(1) {
+                Some(Int(d)) => *d as f64,
+                _ => 1.0,
+            };
+            list_alloc(if depth < 0.0 { 1.0 } else { depth }, sz(0))
+        }
+        Func::Distinct | Func::Sort | Func::SortByKeys => {
+            let l = if f == Func::SortByKeys { &a[1] } else { &a[0] };
+            match l {
+                List(l) if !l.is_empty() => {
+                    let factor = match l[0] {
+                        Str(_) | Bytes(_) => 2.1,
+                        _ => 2.0,
+                    };
+                    let n = l.len() as u64;
+                    list_alloc(factor, n * n)
+                }
+                _ => list_alloc(2.0, 0),
+            }
+        }
+        Func::Authz(AuthzPrice::Check) => 350_000,
+        // the estimator's selector price: a list (10), a tenth of the string, and per
+        // requirement (one per two characters) a list and a struct (10 + 40), rounded up
+        Func::Authz(AuthzPrice::Selector) if a.len() >= 2 => {
+            let n = k8s_sz(1);
+            10 + tenths(n, 1) + n.div_ceil(2) * 50
+        }
+        Func::SetsContains | Func::SetsIntersects => 1 + sz(0) * sz(1),
+        // priced by the format's longest regex even when the string failed
+        Func::FormatValidate => match &a[0] {
+            Format(fm) => fm.validate_cost(k8s_sz(1)),
+            _ => 1,
+        },
+        Func::SetsEquivalent => 1 + 2 * sz(0) * sz(1),
+        _ => 1,
     }
 }
 

@@ -317,6 +317,7 @@ fn format_costs_a_tenth_per_character() {
             device: eval::DeviceInput::Value(&Value::Null),
             built: None,
             cost: 0,
+            skip_root: std::ptr::null(),
         };
         ctx.eval(&p.node).expect("evaluates");
         ctx.cost

@@ -22,7 +22,12 @@
 //!   comparison, optional types (presence tests on non-maps answer "absent" like cel-go),
 //!   ext.Strings v2 (+ `strings.quote`, `format`), ext.Lists v3, Kubernetes lists library v1 (with
 //!   `includes`, new in 1.37), ext.Sets, regex `find`/`findAll`, and a runtime cost counter with
-//!   the 1,000,000 limit (`actual cost limit exceeded`).
+//!   the 1,000,000 limit (`actual cost limit exceeded`) that counts as cel-go's cost tracker does
+//!   with the Kubernetes estimator (`ActualCost`): identifiers and qualifiers 1 (presence tests
+//!   and missed optional qualifiers nothing), constants and literals of constants nothing (built
+//!   when planning), other list/map literals 10/30, calls by cel-go's, ext.Lists', ext.Sets' and
+//!   the Kubernetes library's prices on the argument values, calls after a failed argument as
+//!   cel-go still charges them, and the limit checked after each step, ending the evaluation.
 //! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic and canonical formatting
 //!   that keeps the parsed format (`10Gi` stays `10Gi`; `sign(q)` is a global function, as
 //!   upstream); `semver.rs`: blang/semver rules and the library's normalize mode.
@@ -44,7 +49,8 @@
 //!   device (the allocator keeps the outcome in its `DeviceCache`).
 //!
 //! Checked against cel-go by `tests/sim_differential.rs` (random selectors over random devices,
-//! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2).
+//! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2): results, error kinds and
+//! the runtime cost of every evaluation cel-go reports one for.
 //!
 //! - `format.rs`: ext.Strings `"<format>".format([args])` as v2 has it (cel-go's first
 //!   formatter: en_US `%f` grouping, `%e` with superscript exponents), with its compile-time
@@ -152,29 +158,44 @@ impl<'a> RawDevice<'a> {
 impl Program {
     /// Evaluates against a device value from [`device_value`].
     pub fn eval(&self, device: &Value) -> Result<bool, String> {
+        self.run(eval::DeviceInput::Value(device)).0
+    }
+
+    /// [`Program::eval`] with the runtime cost the evaluation reached (cel-go's `ActualCost`; on
+    /// an error, what had been charged when it stopped).
+    pub fn eval_cost(&self, device: &Value) -> (Result<bool, String>, u64) {
         self.run(eval::DeviceInput::Value(device))
+    }
+
+    /// [`Program::eval_raw`] with the runtime cost, as [`Program::eval_cost`].
+    pub fn eval_raw_cost(&self, device: RawDevice<'_>) -> (Result<bool, String>, u64) {
+        self.run(eval::DeviceInput::Raw(device))
     }
 
     /// Evaluates against a ResourceSlice device in place; it must have passed [`device_check`]
     /// (whose error is the evaluation's otherwise).
     pub fn eval_raw(&self, device: RawDevice<'_>) -> Result<bool, String> {
-        self.run(eval::DeviceInput::Raw(device))
+        self.run(eval::DeviceInput::Raw(device)).0
     }
 
-    fn run(&self, device: eval::DeviceInput<'_>) -> Result<bool, String> {
+    fn run(&self, device: eval::DeviceInput<'_>) -> (Result<bool, String>, u64) {
         let mut ctx = eval::Ctx {
             locals: vec![Value::Null; self.slots],
             device,
             built: None,
             cost: 0,
+            skip_root: std::ptr::null(),
         };
-        match ctx.eval(&self.node)? {
-            Value::Bool(b) => Ok(b),
-            other => Err(format!(
+        let out = match ctx.eval(&self.node) {
+            _ if ctx.exceeded() => Err(eval::COST_EXCEEDED.to_string()),
+            Ok(Value::Bool(b)) => Ok(b),
+            Ok(other) => Err(format!(
                 "CEL result of type {} could not be converted to bool",
                 other.type_name()
             )),
-        }
+            Err(e) => Err(e),
+        };
+        (out, ctx.cost)
     }
 }
 

@@ -372,6 +372,7 @@ fn cost(expr: &str) -> u64 {
         device: eval::DeviceInput::Value(&d),
         built: None,
         cost: 0,
+        skip_root: std::ptr::null(),
     };
     ctx.eval(&p.node).expect("evaluates");
     ctx.cost

@@ -326,6 +326,7 @@ fn parsing_costs_a_tenth_per_character() {
             device: eval::DeviceInput::Value(&d),
             built: None,
             cost: 0,
+            skip_root: std::ptr::null(),
         };
         ctx.eval(&p.node).expect("evaluates");
         ctx.cost
