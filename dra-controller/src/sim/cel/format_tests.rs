@@ -312,16 +312,11 @@ fn dynamic_calls_fail_at_run_time() {
 fn format_costs_a_tenth_per_character() {
     let cost = |fmt: &str| {
         let p = compile(&format!("'{fmt}'.format([]) == ''")).expect("compiles");
-        let mut ctx = eval::Ctx {
-            locals: vec![Value::Null; p.slots],
-            device: eval::DeviceInput::Value(&Value::Null),
-            built: None,
-            cost: 0,
-            skip_root: std::ptr::null(),
-        };
-        ctx.eval(&p.node).expect("evaluates");
-        ctx.cost
+        let (result, cost) = p.eval_cost(&Value::Null);
+        result.expect("evaluates");
+        cost
     };
+
     // upstream: ceil(characters / 10) for the call
     assert_eq!(cost(&"é".repeat(97)) - cost("x"), 9);
     assert_eq!(cost(&"x".repeat(100)) - cost(&"x".repeat(91)), 0);

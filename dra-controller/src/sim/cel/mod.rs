@@ -63,11 +63,14 @@
 //! Not covered (documented differences): static cost estimation (the scheduler does not
 //! estimate; only admission does); the wording of some runtime `no such overload` errors (cel-go
 //! adds the function and argument types); compile errors carry no source snippet, only the first
-//! of several is reported, and they point at the digits, not the sign, of a negative literal. `format` quotes list members by Go's `%q` without Unicode tables:
-//! unassigned code points stay unescaped, and refuses precisions above 2^20 (Go would allocate
-//! them). URL edge: a percent-escape that decodes to bytes that
-//! are not UTF-8 is kept as U+FFFD (Go strings hold any bytes), visible only in what the
-//! accessors return.
+//! of several is reported, and they point at the digits, not the sign, of a negative literal.
+//! `format` quotes list members by Go's `%q` without Unicode tables: unassigned code points stay
+//! unescaped, and refuses precisions above 2^20 (Go would allocate them). URL edge: a
+//! percent-escape that decodes to bytes that are not UTF-8 is kept as U+FFFD (Go strings hold any
+//! bytes), visible only in what the accessors return. Runtime costs of shapes the differential
+//! never generates (`<` on two strings known only at run time, `indexOf`/`format` on a string with
+//! a failing argument, an optional index by a computed key, a field of a whole ternary) follow
+//! cel-go's rules as read from its source, unchecked.
 pub mod compile;
 pub mod eval;
 pub mod format;

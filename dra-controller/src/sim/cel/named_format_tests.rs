@@ -366,16 +366,9 @@ fn eval(expr: &str) -> Result<bool, String> {
 
 fn cost(expr: &str) -> u64 {
     let d = device_value("dra.example.com", None, None, false).expect("device");
-    let p = compile(expr).expect("compiles");
-    let mut ctx = eval::Ctx {
-        locals: vec![Value::Null; p.slots],
-        device: eval::DeviceInput::Value(&d),
-        built: None,
-        cost: 0,
-        skip_root: std::ptr::null(),
-    };
-    ctx.eval(&p.node).expect("evaluates");
-    ctx.cost
+    let (result, cost) = compile(expr).expect("compiles").eval_cost(&d);
+    result.expect("evaluates");
+    cost
 }
 
 #[test]

@@ -320,17 +320,11 @@ fn compile_errors_read_like_cel_go() {
 fn parsing_costs_a_tenth_per_character() {
     let d = device_value("dra.example.com", None, None, false).expect("device");
     let cost = |expr: &str| {
-        let p = compile(expr).expect("compiles");
-        let mut ctx = eval::Ctx {
-            locals: vec![Value::Null; p.slots],
-            device: eval::DeviceInput::Value(&d),
-            built: None,
-            cost: 0,
-            skip_root: std::ptr::null(),
-        };
-        ctx.eval(&p.node).expect("evaluates");
-        ctx.cost
+        let (result, cost) = compile(expr).expect("compiles").eval_cost(&d);
+        result.expect("evaluates");
+        cost
     };
+
     // one for the call whatever the length; a 1,000-character argument costs 100 (200 when
     // it is parsed and compared, as in ip.isCanonical)
     assert_eq!(cost("isIP('1.2.3.4')"), 1);
