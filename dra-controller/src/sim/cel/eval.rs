@@ -240,8 +240,7 @@ impl Ctx<'_> {
                 } else {
                     k8s_size(&v)
                 };
-                let pattern = re.as_str().chars().count() as u64;
-                self.charge(tenths(len + 1, 1) * (pattern as f64 * 0.25).ceil() as u64)?;
+                self.charge(match_cost(len, re.as_str().chars().count() as u64))?;
                 let Value::Str(s) = v else {
                     return no_overload();
                 };
@@ -253,74 +252,17 @@ impl Ctx<'_> {
                     ))),
                 }
             }
+            // cel-go builds a literal of constants once, when planning: it costs nothing; any
+            // other is charged once its members are evaluated, whether or not one failed
             Node::List { elems, optional } => {
-                let mut out = Vec::with_capacity(elems.len());
-                // cel-go builds a literal of constants once, when planning: it costs nothing
-                let base = if elems.iter().all(folded) { 0 } else { 10 };
-                for (e, opt) in elems.iter().zip(optional.iter()) {
-                    let v = match self.eval(e) {
-                        Ok(v) => v,
-                        Err(e) => {
-                            self.charge(base)?;
-                            return Err(e);
-                        }
-                    };
-                    if *opt {
-                        match v {
-                            Value::Optional(None) => {}
-                            Value::Optional(Some(x)) => out.push((*x).clone()),
-                            _ => {
-                                self.charge(base)?;
-                                return no_overload();
-                            }
-                        }
-                    } else {
-                        out.push(v);
-                    }
-                }
-                self.charge(base)?;
-                Ok(Value::List(Arc::new(out)))
+                let r = self.eval_list(elems, optional);
+                self.charge(if folded(n) { 0 } else { 10 })?;
+                r
             }
             Node::Map { entries } => {
-                let mut m = MapVal::default();
-                let base = if entries.iter().all(|(k, v, _)| folded(k) && folded(v)) {
-                    0
-                } else {
-                    30
-                };
-                for (k, v, opt) in entries {
-                    let kv = self.eval(k);
-                    let vv = match kv {
-                        Ok(_) => self.eval(v),
-                        Err(_) => Ok(Value::Null),
-                    };
-                    let (kv, vv) = match (kv, vv) {
-                        (Ok(k), Ok(v)) => (k, v),
-                        (Err(e), _) | (_, Err(e)) => {
-                            self.charge(base)?;
-                            return Err(e);
-                        }
-                    };
-                    let vv = if *opt {
-                        match vv {
-                            Value::Optional(None) => continue,
-                            Value::Optional(Some(x)) => (*x).clone(),
-                            _ => {
-                                self.charge(base)?;
-                                return no_overload();
-                            }
-                        }
-                    } else {
-                        vv
-                    };
-                    if m.get(&kv).is_some() {
-                        self.charge(base)?;
-                        return Err(format!("Failed with repeated key: {}", display(&kv)));
-                    }
-                    m.entries.push((kv, vv));
-                }
-                self.charge(base)?;
-                Ok(Value::Map(Arc::new(m)))
+                let r = self.eval_map(entries);
+                self.charge(if folded(n) { 0 } else { 30 })?;
+                r
             }
             Node::Bind { slot, init, body } => {
                 let v = self.eval(init)?;
@@ -373,6 +315,37 @@ impl Ctx<'_> {
                 self.eval(&c.result)
             }
         }
+    }
+
+    fn eval_list(&mut self, elems: &[Node], optional: &[bool]) -> EvalResult {
+        let mut out = Vec::with_capacity(elems.len());
+        for (e, opt) in elems.iter().zip(optional) {
+            match (self.eval(e)?, opt) {
+                (Value::Optional(None), true) => {}
+                (Value::Optional(Some(x)), true) => out.push((*x).clone()),
+                (_, true) => return no_overload(),
+                (v, false) => out.push(v),
+            }
+        }
+        Ok(Value::List(Arc::new(out)))
+    }
+
+    fn eval_map(&mut self, entries: &[(Node, Node, bool)]) -> EvalResult {
+        let mut m = MapVal::default();
+        for (k, v, opt) in entries {
+            let kv = self.eval(k)?;
+            let vv = match (self.eval(v)?, opt) {
+                (Value::Optional(None), true) => continue,
+                (Value::Optional(Some(x)), true) => (*x).clone(),
+                (_, true) => return no_overload(),
+                (vv, false) => vv,
+            };
+            if m.get(&kv).is_some() {
+                return Err(format!("Failed with repeated key: {}", display(&kv)));
+            }
+            m.entries.push((kv, vv));
+        }
+        Ok(Value::Map(Arc::new(m)))
     }
 
     /// The operand of a selection or index. When it is not an attribute (a call, a literal),
@@ -447,15 +420,7 @@ impl Ctx<'_> {
                     return self.call(func, &[x, Value::List(Arc::new(l))]);
                 }
             }
-            Func::ToInt
-            | Func::ToUint
-            | Func::ToDouble
-            | Func::ToString
-            | Func::ToBool
-            | Func::TypeOf
-            | Func::Dyn
-                if folded(&args[0]) =>
-            {
+            _ if is_conversion(func) && folded(&args[0]) => {
                 let x = self.eval(&args[0])?;
                 return self.call(func, &[x]);
             }
@@ -1369,21 +1334,24 @@ fn folded(n: &Node) -> bool {
         Node::Const(_) => true,
         Node::List { elems, .. } => elems.iter().all(folded),
         Node::Map { entries } => entries.iter().all(|(k, v, _)| folded(k) && folded(v)),
-        Node::Call { func, args } => {
-            matches!(
-                func,
-                Func::ToInt
-                    | Func::ToUint
-                    | Func::ToDouble
-                    | Func::ToString
-                    | Func::ToBool
-                    | Func::TypeOf
-                    | Func::Dyn
-            ) && args.len() == 1
-                && folded(&args[0])
-        }
+        Node::Call { func, args } => is_conversion(*func) && args.len() == 1 && folded(&args[0]),
         _ => false,
     }
+}
+
+/// The type conversions (and `type`, `dyn`) that cel-go's planner evaluates when their argument
+/// is a constant.
+fn is_conversion(f: Func) -> bool {
+    matches!(
+        f,
+        Func::ToInt
+            | Func::ToUint
+            | Func::ToDouble
+            | Func::ToString
+            | Func::ToBool
+            | Func::TypeOf
+            | Func::Dyn
+    )
 }
 
 /// A constant list member that lets cel-go plan `in` as a set lookup.
@@ -1435,6 +1403,13 @@ fn traversal(v: &Value) -> u64 {
     }
 }
 
+/// The price of matching a string of `chars` code points against a regex of `regex` (cel-go's
+/// `matches`, and the Kubernetes estimator's for `find`, `findAll` and the named formats'
+/// `validate`): a tenth of the string plus one, times a quarter of the regex, each rounded up.
+fn match_cost(chars: u64, regex: u64) -> u64 {
+    tenths(chars + 1, 1) * regex.div_ceil(4)
+}
+
 /// An ext.Lists allocating call: 1 for the call, 10 for the list, `factor` per unit of `n`.
 fn list_alloc(factor: f64, n: u64) -> u64 {
     11 + (n as f64 * factor) as u64
@@ -1442,8 +1417,8 @@ fn list_alloc(factor: f64, n: u64) -> u64 {
 
 /// What cel-go's cost tracker charges for a call with these arguments and result (a failed
 /// argument or result passed as `Null`): the Kubernetes library estimator's price where it has
-/// one, then ext.Lists' and ext.Sets' trackers, then cel-go's own, else 1. The IP, CIDR, URL and
-/// format-validation prices beyond 1 are charged where those calls run.
+/// one, then ext.Lists' and ext.Sets' trackers, then cel-go's own, else 1. A regex call with a
+/// literal pattern (`Node::RegexCall`) is priced where it runs.
 fn call_cost(f: Func, a: &[Value], result: &Value) -> u64 {
     use Value::*;
     let sz = |i: usize| a.get(i).map(size).unwrap_or(1);
@@ -1466,7 +1441,7 @@ fn call_cost(f: Func, a: &[Value], result: &Value) -> u64 {
         Func::Matches | Func::Find | Func::FindAll => {
             let regex = if f == Func::Matches { sz(1) } else { k8s_sz(1) };
             let s = if f == Func::Matches { sz(0) } else { k8s_sz(0) };
-            tenths(1 + s, 1) * (regex as f64 * 0.25).ceil() as u64
+            match_cost(s, regex)
         }
         Func::In => match &a[1] {
             List(_) => sz(1),
@@ -1542,7 +1517,7 @@ fn call_cost(f: Func, a: &[Value], result: &Value) -> u64 {
         Func::SetsContains | Func::SetsIntersects => 1 + sz(0) * sz(1),
         // priced by the format's longest regex even when the string failed
         Func::FormatValidate => match &a[0] {
-            Format(fm) => fm.validate_cost(k8s_sz(1)),
+            Format(fm) => match_cost(k8s_sz(1), fm.max_regex_size),
             _ => 1,
         },
         Func::SetsEquivalent => 1 + 2 * sz(0) * sz(1),

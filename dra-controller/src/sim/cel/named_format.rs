@@ -34,8 +34,8 @@ pub struct NamedFormat {
     pub key: &'static str,
     /// The format's own name; two formats are equal when these are.
     pub name: &'static str,
-    /// The regex size upstream assumes for the cost of `validate`.
-    max_regex_size: u32,
+    /// The regex size upstream assumes for the cost of `validate` (priced as a regex match).
+    pub max_regex_size: u64,
     rule: Rule,
 }
 
@@ -462,14 +462,5 @@ impl NamedFormat {
             Rule::Date => one(is_date(s), "invalid date"),
             Rule::DateTime => one(is_datetime(s), "invalid datetime"),
         }
-    }
-
-    /// What upstream's cost estimator charges for `validate` over a string of `chars` code
-    /// points, as for a regex match: a tenth per code point of the string plus one, times a
-    /// quarter of the regex size it assumes for the format, each rounded up.
-    pub fn validate_cost(&self, chars: u64) -> u64 {
-        let str_cost = ((1.0 + chars as f64) * 0.1).ceil() as u64;
-        let regex_cost = (f64::from(self.max_regex_size) * 0.25).ceil() as u64;
-        str_cost.saturating_mul(regex_cost)
     }
 }
