@@ -5,7 +5,7 @@
 //! the runtime cost of each CEL evaluation where cel-go reports one (`ActualCost`: every one that
 //! ran, successful or failed; 3,755 of them). Go iterates maps in a random order, so where a
 //! comprehension over a map stops early the cost differs between runs: the oracle runs each
-//! evaluation 64 times and reports the lowest and highest cost, and ours must lie in between (91
+//! evaluation 128 times and reports the lowest and highest cost, and ours must lie in between (91
 //! evaluations; the others cost the same every run and must match exactly).
 //!
 //! Allocation cases mix plain, partitionable (shared counters that run out) and consumable-capacity
