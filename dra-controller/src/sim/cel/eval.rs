@@ -398,21 +398,19 @@ impl Ctx<'_> {
                 return r;
             }
             Func::In => {
-                let set = match &args[1] {
-                    Node::Const(Value::List(l)) => Some((**l).clone()),
+                // a literal list of scalar constants becomes a set lookup when planned: no cost
+                // (the compiler keeps list literals as `Node::List`, never as a constant)
+                let set: Option<Vec<Value>> = match &args[1] {
                     Node::List { elems, .. } => elems
                         .iter()
                         .map(|e| match e {
-                            Node::Const(v) => Some(v.clone()),
+                            Node::Const(v) if is_set_member(v) => Some(v.clone()),
                             _ => None,
                         })
                         .collect(),
                     _ => None,
                 };
-                if let Some(l) = set
-                    && l.iter().all(is_set_member)
-                {
-                    // a constant list of scalars becomes a set lookup when planned: no cost
+                if let Some(l) = set {
                     if l.is_empty() {
                         return b(false);
                     }
