@@ -12,12 +12,12 @@
 //! size its checkpoint files, start blocking threads and fault in its memory); its slowest
 //! prepare is printed as `cold`. The load generator runs on one thread, as the kubelet's calls
 //! come over one connection, so that it leaves the other core to the plugin. Figures, not
-//! assertions. BENCH_ROUNDS=R, BENCH_ONLY=<label text>, BENCH_MODE=loop|burst, BENCH_DIST=1
+//! assertions. BENCH_ROUNDS=R (200), BENCH_ONLY=<label text>, BENCH_MODE=loop|burst, BENCH_DIST=1
 //! (percentiles), BENCH_CLIENT_THREADS=N (a multi-threaded load generator),
 //! DRA_PLUGIN_BIN=<another build, e.g. with frame pointers for profiling>.
 //! `ref` is this machine's speed on fixed work before and after the counted rounds (see
-//! [`machine_speed`]): on a shared VM it moves by half or more from one quarter hour to the next,
-//! and the latencies move with it.
+//! [`machine_speed`]): on a shared VM it moves by half or more within minutes. It does not sort
+//! runs by p99 well; the plugin's CPU per pair, for the same work, does.
 //! CDI specs go to tmpfs when `/dev/shm` exists (as `/var/run/cdi` on a node), the fsync'd
 //! checkpoint to the disk the temp dir is on.
 use std::path::{Path, PathBuf};
@@ -390,9 +390,9 @@ fn mig_devices(gpus: u32) -> Vec<String> {
 
 fn main() {
     // A burst's calls are slow or fast together: with 20 rounds one slow burst is 5% of the
-    // samples and alone sets their p99 (a 2 ms stall of this VM in any of 20 bursts read as a
-    // 7 ms p99, while 200-round runs of the same build put that stall at p99.9). The slowest 1%
-    // must span more than one burst for p99 to mean something: 200 rounds, 1% = two bursts.
+    // samples and alone sets their p99 (20-round runs of one build read 3.0-7.3 ms; 200-round
+    // runs of it 3.3-5.6 ms, their slowest bursts at p99.9). The slowest 1% must span more than
+    // one burst for p99 to mean something: 200 rounds, 1% = two bursts.
     let rounds: usize = std::env::var("BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
