@@ -268,6 +268,57 @@ async fn one_bad_claim_never_fails_the_others() {
     p.stop().await;
 }
 
+/// The codec's buffers start small (`kubelet_proto::codec::BUFFER_SIZE`); a pod with many
+/// claims sends and gets back messages many times that size, and larger than tonic's default.
+#[tokio::test]
+async fn one_call_with_many_claims_outgrows_the_codec_buffers() {
+    use prost::Message;
+    let dir = tempfile::tempdir().unwrap();
+    let p = start_with(dir.path(), "", Some("all-1g.10gb")).await;
+    let claims: Vec<v1::Claim> = (0..8)
+        .flat_map(|gpu| (0..7).map(move |start| (gpu, start)))
+        .map(|(gpu, start)| {
+            claim(
+                dir.path(),
+                &format!("many-{gpu}-{start}"),
+                &format!("uid-many-{gpu}-{start}-{}", "x".repeat(40)),
+                &[("mig", &format!("gpu-{gpu}-mig-1g10gb-19-{start}"))],
+            )
+        })
+        .collect();
+    let req = v1::NodePrepareResourcesRequest {
+        claims: claims.clone(),
+    };
+    assert!(req.encoded_len() > 4 * kubelet_proto::codec::BUFFER_SIZE);
+    let mut client = p.v1().await;
+    let resp = client
+        .node_prepare_resources(req)
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(resp.encoded_len() > 8 * 1024, "{}", resp.encoded_len());
+    assert_eq!(resp.claims.len(), 56);
+    for c in &claims {
+        let r = &resp.claims[&c.uid];
+        assert_eq!(r.error, "");
+        assert_eq!(
+            r.devices[0].cdi_device_ids,
+            [format!(
+                "k8s.gpu.nvidia.com/claim={}-{}",
+                c.uid, r.devices[0].device_name
+            )]
+        );
+    }
+    let resp = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(resp.claims.values().all(|r| r.error.is_empty()));
+    assert_eq!(resp.claims.len(), 56);
+    p.stop().await;
+}
+
 #[tokio::test]
 async fn concurrent_calls_for_different_claims() {
     let dir = tempfile::tempdir().unwrap();

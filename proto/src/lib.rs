@@ -4,6 +4,8 @@
 //! `dra_v1` / `dra_v1beta1`: `DRAPlugin` NodePrepareResources / NodeUnprepareResources.
 //! `health_v1alpha1` / `health_v1`: `DRAResourceHealth.NodeWatchResources`.
 
+pub mod codec;
+
 pub mod registration {
     tonic::include_proto!("pluginregistration");
 }
