@@ -2,6 +2,7 @@
 use std::fs::{self, File};
 use std::io::Write;
 use std::path::Path;
+use std::sync::OnceLock;
 
 /// Writes `data` to `path` via a temp file in the same directory, fsyncs it and renames it over
 /// the target: readers see the old file or the new one, never a torn one. A missing directory
@@ -16,7 +17,7 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
+    let tmp = dir.join(format!(".{name}.tmp-{}", pid()));
     {
         let mut f = match File::create(&tmp) {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
@@ -31,6 +32,13 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
     fs::rename(&tmp, path).inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
     })
+}
+
+/// This process's ID, asked of the kernel once: glibc does not cache getpid, and a busy node's
+/// prepares name a temp file each.
+fn pid() -> u32 {
+    static PID: OnceLock<u32> = OnceLock::new();
+    *PID.get_or_init(std::process::id)
 }
 
 /// Removes a file; a missing file is not an error (idempotent cleanup).

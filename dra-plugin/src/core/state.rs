@@ -1,5 +1,5 @@
 //! Prepare and unprepare: the two-phase, idempotent, crash-safe heart of the plugin.
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, Weak};
 
@@ -143,6 +143,10 @@ pub struct DeviceState {
     runner: Arc<dyn ProcessRunner>,
     /// `<plugin dir>/mps`: per-claim MPS directories.
     mps_root: PathBuf,
+    /// Claims with a record but no MPS change, whose MPS directory the startup sweep found (one
+    /// adopted from its CDI spec). `None` until the sweep has run: then every unprepare without
+    /// an MPS record looks for one, a file lookup per call the sweep saves a busy node.
+    unrecorded_mps: Mutex<Option<HashSet<String>>>,
     /// The plugin directory, where `sharing.json` goes.
     plugin_dir: PathBuf,
 }
@@ -184,6 +188,7 @@ impl DeviceState {
             mig_ops: tokio::sync::Semaphore::new(MIG_OPS_IN_FLIGHT),
             runner,
             mps_root: plugin_dir.join("mps"),
+            unrecorded_mps: Mutex::new(None),
             plugin_dir,
         }
     }
@@ -407,8 +412,12 @@ impl DeviceState {
         if !changes
             .iter()
             .any(|c| matches!(c, HardwareChange::Mps { .. }))
+            && self.may_have_unrecorded_mps(uid)
         {
             self.remove_stray_mps(uid).await?;
+            if let Some(set) = self.unrecorded_mps.lock().expect("mps sweep").as_mut() {
+                set.remove(uid);
+            }
         }
         // The spec goes in the same group commit, just before the record: a failed removal
         // still forgets the record, and the kubelet's retry, finding no record, removes the spec.
@@ -506,6 +515,13 @@ impl DeviceState {
         }
         info!(claim_uid = %daemon.claim_uid, "MPS control daemon stopped");
         Ok(())
+    }
+
+    fn may_have_unrecorded_mps(&self, uid: &str) -> bool {
+        match self.unrecorded_mps.lock().expect("mps sweep").as_ref() {
+            None => true,
+            Some(set) => set.contains(uid),
+        }
     }
 
     /// Stops a daemon found in `mps/<uid>` that no record describes, and removes the directory.
@@ -1011,17 +1027,24 @@ impl DeviceState {
             }
         }
         let claims = self.checkpoint.claims();
-        let stray: Vec<String> = std::fs::read_dir(&self.mps_root)
+        let (stray, unrecorded): (Vec<String>, Vec<String>) = std::fs::read_dir(&self.mps_root)
             .map(|entries| {
                 entries
                     .filter_map(|e| e.ok()?.file_name().into_string().ok())
-                    .filter(|uid| !claims.contains_key(uid))
-                    .collect()
+                    .filter(|uid| {
+                        claims.get(uid).is_none_or(|r| {
+                            !known_changes(r).any(|c| matches!(c, HardwareChange::Mps { .. }))
+                        })
+                    })
+                    .partition(|uid| !claims.contains_key(uid))
             })
             .unwrap_or_default();
         for uid in stray {
             self.remove_stray_mps(&uid).await?;
         }
+        // Claims prepared from now on record their daemon before they start it; so only these
+        // can own a directory no record describes.
+        *self.unrecorded_mps.lock().expect("mps sweep") = Some(unrecorded.into_iter().collect());
         self.write_sharing_state();
         Ok((adopted, restarted))
     }

@@ -345,6 +345,41 @@ async fn claims_survive_a_lost_checkpoint_through_their_cdi_specs() {
 }
 
 #[tokio::test]
+async fn an_adopted_claims_mps_directory_goes_with_its_unprepare_after_the_startup_sweep() {
+    let f = fixture("h100-80gb:2", None, "");
+    for (uid, dev) in [("u1", "gpu-1"), ("u2", "gpu-0")] {
+        f.state.prepare(&claim(uid, &[("gpu", dev)])).await.unwrap();
+    }
+    // The checkpoint is lost while u1 has MPS directories (and so, maybe, a daemon).
+    f.state.checkpoint().update(|c| c.clear()).await.unwrap();
+    assert_eq!(f.state.adopt_from_cdi().await.unwrap().len(), 2);
+    let mps = f.state.mps_root().to_path_buf();
+    for uid in ["u1", "nobody"] {
+        std::fs::create_dir_all(mps.join(uid).join("pipe")).unwrap();
+    }
+    f.state.repair_cdi().await.unwrap();
+    assert!(!mps.join("nobody").exists(), "no claim: removed at startup");
+    assert!(mps.join("u1").exists(), "a prepared claim's: kept");
+    f.state.unprepare("u2").await.unwrap();
+    assert!(mps.join("u1").exists());
+    f.state.unprepare("u1").await.unwrap();
+    assert!(!mps.join("u1").exists(), "removed with its claim");
+}
+
+#[tokio::test]
+async fn without_the_startup_sweep_every_unprepare_looks_for_mps_directories() {
+    let f = fixture("h100-80gb:1", None, "");
+    f.state
+        .prepare(&claim("u1", &[("gpu", "gpu-0")]))
+        .await
+        .unwrap();
+    let dir = f.state.mps_root().join("u1");
+    std::fs::create_dir_all(dir.join("pipe")).unwrap();
+    f.state.unprepare("u1").await.unwrap();
+    assert!(!dir.exists());
+}
+
+#[tokio::test]
 async fn startup_repairs_missing_specs_and_sweeps_orphans() {
     let f = fixture("h100-80gb:2", None, "DynamicMIG=true");
     let whole = f
