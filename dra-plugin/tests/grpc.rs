@@ -269,7 +269,8 @@ async fn one_bad_claim_never_fails_the_others() {
 }
 
 /// The codec's buffers start small (`kubelet_proto::codec::BUFFER_SIZE`); a pod with many
-/// claims sends and gets back messages many times that size, and larger than tonic's default.
+/// claims sends a request many times that size and gets back an answer larger than tonic's
+/// default 8 KiB.
 #[tokio::test]
 async fn one_call_with_many_claims_outgrows_the_codec_buffers() {
     use prost::Message;

@@ -1,10 +1,11 @@
 //! The prost codec with buffers sized for the kubelet's messages.
 //!
 //! tonic's default codec starts every request's decode buffer and every response's encode buffer
-//! at 8 KiB. The kubelet's DRA messages are a few hundred bytes per claim, and glibc serves an
-//! 8 KiB block from its arena (with a consolidation pass) instead of its per-thread cache: four such
-//! blocks per prepare/unprepare pair. A small start stays in the cache; a larger message grows the
-//! buffer as it would grow the default one.
+//! at 8 KiB, while the kubelet's DRA messages are a few hundred bytes per claim. glibc serves a
+//! 512-byte block from its per-thread cache and an 8 KiB one from its arena. On the 64-claim loop
+//! bench the plugin's response encoding fell from 1.9% to 0.5% of its CPU samples; the decode
+//! side's share did not move measurably. A larger message grows the buffer as it would grow the
+//! default one.
 use std::marker::PhantomData;
 
 use prost::Message;
