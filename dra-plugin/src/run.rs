@@ -11,8 +11,10 @@ use gpu_dra_api::simulated::{GpuGroup, HardwareFile};
 use gpu_dra_api::slices::{
     SliceContent, SliceOptions, TaintMap, build_pool, enable_consumable_shares, to_resource_slices,
 };
+use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kubelet_proto::{dra_v1, dra_v1beta1, health_v1, health_v1alpha1, registration};
+use kubelet_proto::registration;
+use registration::registration_server::RegistrationServer;
 use tokio::sync::watch;
 use tracing::{error, info, warn};
 
@@ -25,9 +27,10 @@ use crate::core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
 use crate::core::health::HealthTracker;
 use crate::core::state::DeviceState;
 use crate::core::{ClaimSource, Preparer};
-use crate::grpc::dra::{DraService, DraServiceV1beta1};
+use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
 use crate::grpc::registration::RegistrationService;
+use crate::grpc::routes::DraRoutes;
 use crate::grpc::server::SocketGuard;
 use crate::kube::claims::{ApiClaims, FileClaims};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
@@ -357,8 +360,8 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
 
 /// The kubelet-facing sockets: DRA (v1, v1beta1, and health when given) and registration.
 struct KubeletServers {
-    dra: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
-    registration: tokio::task::JoinHandle<Result<(), tonic::transport::Error>>,
+    dra: tokio::task::JoinHandle<()>,
+    registration: tokio::task::JoinHandle<()>,
     guards: (SocketGuard, SocketGuard),
     reg_path: std::path::PathBuf,
 }
@@ -392,34 +395,19 @@ fn serve_kubelet(
     let reg_path = args.registrar_dir.join(format!("{driver}-reg.sock"));
     let registration =
         RegistrationService::new(driver, &dra_path.to_string_lossy(), health.is_some());
-    let (dra_incoming, dra_guard) = crate::grpc::server::bind(&dra_path)?;
-    let dra = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(dra_v1::dra_plugin_server::DraPluginServer::new(
-                service.clone(),
-            ))
-            .add_service(dra_v1beta1::dra_plugin_server::DraPluginServer::new(
-                DraServiceV1beta1(service),
-            ))
-            .add_optional_service(
-                health
-                    .clone()
-                    .map(health_v1::dra_resource_health_server::DraResourceHealthServer::new),
-            )
-            .add_optional_service(
-                health
-                    .map(health_v1alpha1::dra_resource_health_server::DraResourceHealthServer::new),
-            )
-            .serve_with_incoming_shutdown(dra_incoming, wait(shutdown.clone())),
-    );
-    let (reg_incoming, reg_guard) = crate::grpc::server::bind(&reg_path)?;
-    let registration = tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(registration::registration_server::RegistrationServer::new(
-                registration,
-            ))
-            .serve_with_incoming_shutdown(reg_incoming, wait(shutdown)),
-    );
+    let (dra_listener, dra_guard) = crate::grpc::server::bind(&dra_path)?;
+    let dra = tokio::spawn(crate::grpc::server::serve(
+        dra_listener,
+        DraRoutes::new(service, health),
+        wait(shutdown.clone()),
+    ));
+    let (reg_listener, reg_guard) = crate::grpc::server::bind(&reg_path)?;
+    // One service on this socket: its generated server answers Unimplemented for anything else.
+    let registration = tokio::spawn(crate::grpc::server::serve(
+        reg_listener,
+        TowerToHyperService::new(RegistrationServer::new(registration)),
+        wait(shutdown),
+    ));
     info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
     Ok(KubeletServers {
         dra,

@@ -468,3 +468,63 @@ async fn prepared_claims_survive_a_restart_and_a_corrupt_checkpoint() {
     );
     p.stop().await;
 }
+
+#[tokio::test]
+async fn each_socket_answers_unimplemented_for_services_it_does_not_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(dir.path()).await;
+    let dra = unix_channel(&dir.path().join("plugin/dra.sock"))
+        .await
+        .unwrap();
+    let err = RegistrationClient::new(dra.clone())
+        .get_info(kubelet_proto::registration::InfoRequest {})
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err}");
+    // The health service is off unless asked for, so neither of its versions answers here.
+    let err = kubelet_proto::health_v1::dra_resource_health_client::DraResourceHealthClient::new(
+        dra.clone(),
+    )
+    .node_watch_resources(kubelet_proto::health_v1::NodeWatchResourcesRequest {})
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err}");
+    let reg = unix_channel(&dir.path().join("registry/gpu.nvidia.com-reg.sock"))
+        .await
+        .unwrap();
+    let err = DraPluginClient::new(reg)
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unimplemented, "{err}");
+    // The DRA socket still serves its own services on the same connection.
+    let r = DraPluginClient::new(dra)
+        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(r.claims.is_empty());
+    p.stop().await;
+}
+
+#[tokio::test]
+async fn stopping_closes_connections_the_kubelet_holds_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = start(dir.path()).await;
+    let mut client = p.v1().await;
+    let c = claim(dir.path(), "held", "uid-held", &[("gpu", "gpu-1")]);
+    let r = client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.claims["uid-held"].error, "");
+    p.stop().await;
+    // Had the idle connection outlived the server, this call would still be answered.
+    let gone = client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![c] })
+        .await;
+    assert!(gone.is_err(), "{gone:?}");
+}

@@ -3,4 +3,5 @@ pub mod client;
 pub mod dra;
 pub mod health;
 pub mod registration;
+pub mod routes;
 pub mod server;
