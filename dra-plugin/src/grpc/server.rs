@@ -37,7 +37,7 @@ impl Drop for SocketGuard {
 ///
 /// hyper's HTTP/2 server rather than tonic's `Server`: the kubelet speaks only HTTP/2 (prior
 /// knowledge) on these sockets, and tonic's protocol detection, tower layers and axum routing
-/// cost about 8% of a prepare/unprepare pair's CPU in the benchmark. HTTP/2 settings are hyper's
+/// cost 5-7% of a prepare/unprepare pair's CPU in the benchmark. HTTP/2 settings are hyper's
 /// defaults, which are also what tonic's `Server` uses unless told otherwise.
 pub async fn serve<S>(listener: UnixListener, service: S, shutdown: impl Future<Output = ()>)
 where
