@@ -66,16 +66,10 @@ async fn a_channel_claim_is_prepared_under_the_compute_domain_driver() {
         uid: "uid-ch".into(),
         name: "ch".into(),
     };
-    let r = client
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims["uid-ch"].error, "");
+    let r = common::prepare(&mut client, &c).await;
+    assert_eq!(r.error, "");
     assert_eq!(
-        r.claims["uid-ch"].devices[0].cdi_device_ids,
+        r.devices[0].cdi_device_ids,
         ["k8s.compute-domain.nvidia.com/claim=uid-ch-channel-0"]
     );
     let spec =
@@ -85,12 +79,7 @@ async fn a_channel_claim_is_prepared_under_the_compute_domain_driver() {
         spec.contains("/dev/nvidia-caps-imex-channels/channel0"),
         "{spec}"
     );
-    let u = client
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![c] })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(u.claims["uid-ch"].error, "");
+    assert_eq!(common::unprepare(&mut client, &c).await, "");
     assert!(
         !d.join("cdi/k8s.compute-domain.nvidia.com-claim_uid-ch.json")
             .exists()

@@ -133,14 +133,7 @@ async fn prepare_and_unprepare_over_v1() {
         &[("gpus", "gpu-0"), ("gpus", "gpu-1")],
     );
     let mut client = p.v1().await;
-    let resp = client
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    let r = &resp.claims["uid-1"];
+    let r = common::prepare(&mut client, &c).await;
     assert_eq!(r.error, "");
     assert_eq!(r.devices.len(), 2);
     assert_eq!(r.devices[0].pool_name, "node-1");
@@ -158,30 +151,12 @@ async fn prepare_and_unprepare_over_v1() {
         "{text}"
     );
     // Idempotent.
-    let again = client
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(again.claims["uid-1"], *r);
-    let un = client
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(un.claims["uid-1"].error, "");
+    assert_eq!(common::prepare(&mut client, &c).await, r);
+    assert_eq!(common::unprepare(&mut client, &c).await, "");
     assert!(!spec.exists());
-    let un = client
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest { claims: vec![c] })
-        .await
-        .unwrap()
-        .into_inner();
     assert_eq!(
-        un.claims["uid-1"].error, "",
+        common::unprepare(&mut client, &c).await,
+        "",
         "unknown claims unprepare fine"
     );
     p.stop().await;
@@ -335,22 +310,8 @@ async fn concurrent_calls_for_different_claims() {
             );
             let mut client = p.v1().await;
             tasks.push(tokio::spawn(async move {
-                let r = client
-                    .node_prepare_resources(v1::NodePrepareResourcesRequest {
-                        claims: vec![c.clone()],
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                assert_eq!(r.claims[&c.uid].error, "");
-                let u = client
-                    .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-                        claims: vec![c.clone()],
-                    })
-                    .await
-                    .unwrap()
-                    .into_inner();
-                assert_eq!(u.claims[&c.uid].error, "");
+                assert_eq!(common::prepare(&mut client, &c).await.error, "");
+                assert_eq!(common::unprepare(&mut client, &c).await, "");
             }));
         }
     }
@@ -371,14 +332,7 @@ async fn a_clean_stop_leaves_the_newest_checkpoint_in_the_first_file() {
     let p = start(dir.path()).await;
     for (name, uid, dev) in [("a", "uid-a", "gpu-1"), ("b", "uid-b", "gpu-2")] {
         let c = claim(dir.path(), name, uid, &[("gpu", dev)]);
-        let r = p
-            .v1()
-            .await
-            .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![c] })
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.claims[uid].error, "");
+        assert_eq!(common::prepare(&mut p.v1().await, &c).await.error, "");
     }
     p.stop().await;
     // Two writes: the second went to checkpoint.json.alt, so stopping wrote the first file again,
@@ -513,14 +467,7 @@ async fn stopping_closes_connections_the_kubelet_holds_open() {
     let p = start(dir.path()).await;
     let mut client = p.v1().await;
     let c = claim(dir.path(), "held", "uid-held", &[("gpu", "gpu-1")]);
-    let r = client
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims["uid-held"].error, "");
+    assert_eq!(common::prepare(&mut client, &c).await.error, "");
     p.stop().await;
     // Had the idle connection outlived the server, this call would still be answered.
     let gone = client

@@ -60,12 +60,8 @@ async fn prepared_devices_turn_unhealthy_and_recover() {
         uid: "uid-h".into(),
         name: "c".into(),
     };
-    let r = DraPluginClient::new(channel.clone())
-        .node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![c] })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(r.claims["uid-h"].error, "");
+    let r = common::prepare(&mut DraPluginClient::new(channel.clone()), &c).await;
+    assert_eq!(r.error, "");
 
     let mut stream = DraResourceHealthClient::new(channel.clone())
         .node_watch_resources(h1::NodeWatchResourcesRequest {})

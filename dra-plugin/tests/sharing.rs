@@ -102,33 +102,6 @@ fn claim(
     }
 }
 
-async fn prepare(p: &mut Plugin, c: &v1::Claim) -> v1::NodePrepareResourceResponse {
-    p.client
-        .node_prepare_resources(v1::NodePrepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .claims
-        .remove(&c.uid)
-        .unwrap()
-}
-
-async fn unprepare(p: &mut Plugin, c: &v1::Claim) -> String {
-    p.client
-        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
-            claims: vec![c.clone()],
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .claims
-        .remove(&c.uid)
-        .unwrap()
-        .error
-}
-
 /// The pid in the stand-in's log line `stand-in MPS control daemon <pid> for <uuids>`.
 fn daemon_pid(log_dir: &Path) -> u32 {
     let log = std::fs::read_to_string(log_dir.join("control.log")).unwrap();
@@ -150,7 +123,7 @@ async fn an_mps_claim_gets_its_daemon_dirs_env_and_mounts_and_loses_them_at_unpr
         &[("gpu", "gpu-1", None)],
         serde_json::json!({"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 25, "defaultPinnedDeviceMemoryLimit": "4Gi"}}),
     );
-    let r = prepare(&mut p, &c).await;
+    let r = common::prepare(&mut p.client, &c).await;
     assert_eq!(r.error, "");
     assert_eq!(
         r.devices[0].cdi_device_ids,
@@ -212,7 +185,7 @@ async fn an_mps_claim_gets_its_daemon_dirs_env_and_mounts_and_loses_them_at_unpr
     let state = SharingStateFile::read(&dir.path().join("plugin")).unwrap();
     assert_eq!(state.gpus["gpu-1"].compute_mode, "ExclusiveProcess");
 
-    assert_eq!(unprepare(&mut p, &c).await, "");
+    assert_eq!(common::unprepare(&mut p.client, &c).await, "");
     assert_eq!(proc_start_time(pid), None, "daemon {pid} is gone");
     assert!(!root.exists(), "MPS directories removed");
     assert!(
@@ -245,8 +218,8 @@ async fn time_slices_and_consumable_shares_over_the_wire() {
         &[("gpu", "gpu-0", Some("share-b"))],
         short,
     );
-    let ra = prepare(&mut p, &a).await;
-    let rb = prepare(&mut p, &b).await;
+    let ra = common::prepare(&mut p.client, &a).await;
+    let rb = common::prepare(&mut p.client, &b).await;
     assert_eq!((ra.error.as_str(), rb.error.as_str()), ("", ""));
     assert_eq!(ra.devices[0].share_id.as_deref(), Some("share-a"));
     assert_eq!(rb.devices[0].share_id.as_deref(), Some("share-b"));
@@ -260,14 +233,14 @@ async fn time_slices_and_consumable_shares_over_the_wire() {
         &[("gpu", "gpu-0", Some("share-c"))],
         serde_json::json!({"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Long"}}),
     );
-    let rc = prepare(&mut p, &long).await;
+    let rc = common::prepare(&mut p.client, &long).await;
     assert!(
         rc.error.contains("time slice Long") && rc.error.contains("ns/a"),
         "{}",
         rc.error
     );
-    assert_eq!(unprepare(&mut p, &a).await, "");
-    assert_eq!(unprepare(&mut p, &b).await, "");
+    assert_eq!(common::unprepare(&mut p.client, &a).await, "");
+    assert_eq!(common::unprepare(&mut p.client, &b).await, "");
     let state = SharingStateFile::read(&dir.path().join("plugin")).unwrap();
     assert!(state.gpus.is_empty(), "{state:?}");
     p.stop.send(true).unwrap();

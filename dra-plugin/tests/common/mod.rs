@@ -6,6 +6,8 @@ use std::path::Path;
 
 use dra_plugin::cli::{Backend, DeviceArgs, HardwareArgs, RunArgs};
 use dra_plugin::kube::claims::FileClaims;
+use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
+use tonic::transport::Channel;
 
 /// Makes `dir` an offline node's root: its claims directory, and a boot ID unless one is there
 /// (a test may have written another to play a reboot).
@@ -52,4 +54,36 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
         health_hold_down_seconds: 1,
         worker_threads: 1,
     }
+}
+
+/// Prepares `c` alone over v1: its entry in the response.
+pub async fn prepare(
+    client: &mut DraPluginClient<Channel>,
+    c: &v1::Claim,
+) -> v1::NodePrepareResourceResponse {
+    client
+        .node_prepare_resources(v1::NodePrepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims
+        .remove(&c.uid)
+        .unwrap()
+}
+
+/// Unprepares `c` alone over v1: its error, empty on success.
+pub async fn unprepare(client: &mut DraPluginClient<Channel>, c: &v1::Claim) -> String {
+    client
+        .node_unprepare_resources(v1::NodeUnprepareResourcesRequest {
+            claims: vec![c.clone()],
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .claims
+        .remove(&c.uid)
+        .unwrap()
+        .error
 }
