@@ -1,4 +1,5 @@
 //! The kubelet's gRPC protocols: registration, DRA v1/v1beta1, and serving them on Unix sockets.
+pub mod authority;
 pub mod client;
 pub mod dra;
 pub mod health;

@@ -10,6 +10,7 @@ use tokio::sync::watch;
 use tracing::{debug, warn};
 
 use crate::Error;
+use crate::grpc::authority::{AuthorityFix, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE};
 
 /// Binds `path`, replacing a stale socket left by a crashed predecessor.
 pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), Error> {
@@ -38,7 +39,9 @@ impl Drop for SocketGuard {
 /// hyper's HTTP/2 server rather than tonic's `Server`: the kubelet speaks only HTTP/2 (prior
 /// knowledge) on these sockets, and tonic's protocol detection, tower layers and axum routing
 /// cost 5-7% of a prepare/unprepare pair's CPU in the benchmark. HTTP/2 settings are hyper's
-/// defaults, which are also what tonic's `Server` uses unless told otherwise.
+/// defaults, which are also what tonic's `Server` uses unless told otherwise. Every connection
+/// reads through [`AuthorityFix`], so grpc-go clients that dial a bare socket path (the kubelet's
+/// plugin watcher) are served.
 pub async fn serve<S>(listener: UnixListener, service: S, shutdown: impl Future<Output = ()>)
 where
     S: hyper::service::Service<
@@ -85,7 +88,9 @@ where
     S::Future: Send + 'static,
 {
     let conn = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-        .serve_connection(TokioIo::new(stream), service);
+        .max_frame_size(MAX_FRAME_SIZE)
+        .max_header_list_size(MAX_HEADER_LIST_SIZE)
+        .serve_connection(TokioIo::new(AuthorityFix::new(stream)), service);
     tokio::pin!(conn);
     let done = tokio::select! {
         done = conn.as_mut() => done,
