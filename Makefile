@@ -19,6 +19,7 @@ test: unit e2e
 
 unit:
 	cargo test --workspace
+	cd e2e/kubelet-tools && GOFLAGS=-mod=mod GOSUMDB=off CGO_ENABLED=0 go test ./...
 
 ## Real-control-plane scenarios; `make e2e FILTER=s3` runs one, `E2E_KEEP=1` keeps the cluster up.
 e2e:

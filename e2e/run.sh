@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # End-to-end tests against a real control plane (etcd, kube-apiserver, kube-controller-manager,
-# kube-scheduler) with dra-plugin processes per node and a kubelet-role harness (crate `e2e`).
+# kube-scheduler), stock kubelets with a fake container runtime, dra-plugin processes per node and,
+# for the older scenarios, a kubelet-role harness (crate `e2e`).
 #
 #   bash e2e/run.sh [FILTER]    build what is needed, start the cluster, run the scenarios whose test
 #                               name contains FILTER (e.g. s3, s7_many_pods), tear everything down.
@@ -33,6 +34,12 @@ bstart=$SECONDS
 BIN="$(bash e2e/controlplane/build.sh | tail -n 1)"
 echo "   ($(( SECONDS - bstart ))s)"
 
+echo "== fake container runtime and kubelet-dial (e2e/kubelet-tools)"
+bstart=$SECONDS
+TOOLS="$BIN/../kubelet-tools"
+bash e2e/kubelet-tools/build.sh "$TOOLS"
+echo "   ($(( SECONDS - bstart ))s)"
+
 echo "== building dra-plugin, dra-controller and the e2e harness"
 bstart=$SECONDS
 PROFILE_DIR=debug
@@ -62,6 +69,20 @@ source "$ROOT/e2e/controlplane/cluster.sh"
 WORK="$(mktemp -d /tmp/gpu-dra-e2e.XXXXXX)"
 STATUS=1
 
+# What the stock kubelets could change on the host if kubelet-ns.sh failed to keep them in their
+# node directories: checked again when the run ends.
+host_state() {
+  local p k
+  for p in /var/lib/kubelet /var/log/pods /var/log/containers; do
+    [ -e "$p" ] && echo "$p exists" || echo "$p absent"
+  done
+  for k in vm/overcommit_memory vm/panic_on_oom kernel/panic kernel/panic_on_oops \
+    kernel/keys/root_maxkeys kernel/keys/root_maxbytes; do
+    echo "$k=$(cat "/proc/sys/$k" 2>/dev/null)"
+  done
+}
+HOST_BEFORE="$(host_state)"
+
 finish() {
   local rc=$? pid pidf
   [ "$STATUS" = 0 ] || STATUS=$rc
@@ -78,6 +99,18 @@ finish() {
     done
   fi
   cluster_stop
+  # Kubelets first: their processes hold the node directories' bind mounts.
+  pkill -9 -f -- "--root-dir=$WORK/" 2>/dev/null || true
+  pkill -9 -f -- "--listen $WORK/" 2>/dev/null || true
+  local host_after
+  host_after="$(host_state)"
+  if [ "$host_after" != "$HOST_BEFORE" ]; then
+    echo "e2e: the host changed during the run:"
+    diff <(echo "$HOST_BEFORE") <(echo "$host_after") || true
+    STATUS=1
+  else
+    echo "== host unchanged (kubelet paths under /var, kernel tunables)"
+  fi
   if [ "$STATUS" = 0 ] && [ "${E2E_KEEP_WORKDIR:-0}" != 1 ]; then
     rm -rf "$WORK"
   elif [ "$STATUS" = 0 ]; then
@@ -102,6 +135,11 @@ export E2E_KUBECONFIG="$WORK/admin.kubeconfig"
 export E2E_WORKDIR="$WORK"
 export E2E_PLUGIN_BIN="$PLUGIN_BIN"
 export E2E_REPO_ROOT="$ROOT"
+export E2E_KUBELET_BIN="$BIN/kubelet"
+export E2E_KUBELET_TOOLS="$TOOLS"
+# The stock kubelet refuses a loopback node IP: the first address of this machine.
+E2E_NODE_IP="${E2E_NODE_IP:-$(hostname -I 2>/dev/null | awk '{print $1}')}"
+export E2E_NODE_IP="${E2E_NODE_IP:-192.0.2.2}"
 
 if ! $UP_ONLY; then
   echo "== scenarios ${FILTER:+(filter: $FILTER)}"

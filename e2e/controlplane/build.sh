@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds kube-apiserver, kube-controller-manager, kube-scheduler and etcd from the Go module proxy
+# Builds kube-apiserver, kube-controller-manager, kube-scheduler, kubelet and etcd from the Go module proxy
 # into a cache outside the git tree. Reuses the binaries when they already report the pinned versions.
 set -euo pipefail
 
@@ -26,7 +26,7 @@ fi
 staging_version="v0.${K8S_VERSION#v1.}"
 
 have_k8s() {
-  for b in kube-apiserver kube-controller-manager kube-scheduler; do
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubelet; do
     [ -x "$BIN/$b" ] && "$BIN/$b" --version 2>/dev/null | grep -qx "Kubernetes $K8S_VERSION" || return 1
   done
 }
@@ -37,7 +37,7 @@ have_etcd() {
 if have_k8s; then
   echo "control plane $K8S_VERSION: cached in $BIN"
 else
-  echo "building kube-apiserver, kube-controller-manager, kube-scheduler $K8S_VERSION (cold: ~6-7 min on 2 cores, measured)"
+  echo "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet $K8S_VERSION (cold: ~6-7 min on 2 cores, measured)"
   start=$(date +%s)
   mod="$CACHE/k8s-$K8S_VERSION"
   rm -rf "$mod" && mkdir -p "$mod" && cd "$mod"
@@ -45,14 +45,16 @@ else
   for m in $STAGING; do go mod edit -replace="k8s.io/$m=k8s.io/$m@$staging_version"; done
   go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$K8S_VERSION" \
     "k8s.io/kubernetes/cmd/kube-controller-manager@$K8S_VERSION" \
-    "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION"
+    "k8s.io/kubernetes/cmd/kube-scheduler@$K8S_VERSION" \
+    "k8s.io/kubernetes/cmd/kubelet@$K8S_VERSION"
   minor="${K8S_VERSION#v1.}"; minor="${minor%%.*}"
   ld="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean"
   done
   go build -trimpath -ldflags "$ld" -o "$BIN/" k8s.io/kubernetes/cmd/kube-apiserver \
-    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler
+    k8s.io/kubernetes/cmd/kube-controller-manager k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubelet
   echo "built control plane $K8S_VERSION in $(( $(date +%s) - start ))s"
 fi
 

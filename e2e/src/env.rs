@@ -17,6 +17,7 @@ use serde_json::json;
 
 use crate::kubelet::Kubelet;
 use crate::plugin::{NodeDirs, Plugin};
+use crate::real_kubelet::{KubeletSetup, RealKubelet};
 
 /// How long a scenario waits for anything the cluster should do on its own (not a timing assertion:
 /// a generous bound so a broken run ends instead of hanging).
@@ -30,6 +31,14 @@ pub struct NodeEnv {
     pub dirs: NodeDirs,
 }
 
+/// A node run by the stock kubelet: its plugin registers with that kubelet.
+pub struct RealNodeEnv {
+    pub name: String,
+    pub plugin: Plugin,
+    pub kubelet: RealKubelet,
+    pub dirs: NodeDirs,
+}
+
 pub struct Env {
     pub client: Client,
     pub ns: String,
@@ -39,6 +48,8 @@ pub struct Env {
     pub kubeconfig: PathBuf,
     pub plugin_bin: PathBuf,
     pub nodes: Vec<NodeEnv>,
+    pub real_nodes: Vec<RealNodeEnv>,
+    kubelet_setup: Option<KubeletSetup>,
     started: Instant,
 }
 
@@ -149,6 +160,7 @@ impl Env {
             .map(PathBuf::from)
             .unwrap_or_else(|| repo.join("target/debug/dra-plugin"));
         let ns = test.replace('_', "-");
+        let kubelet_setup = KubeletSetup::from_env(&repo, &kubeconfig);
         let env = Env {
             client,
             ns: ns.clone(),
@@ -158,6 +170,8 @@ impl Env {
             kubeconfig,
             plugin_bin,
             nodes: Vec::new(),
+            real_nodes: Vec::new(),
+            kubelet_setup,
             started: Instant::now(),
         };
         let nss: Api<Namespace> = Api::all(env.client.clone());
@@ -231,6 +245,83 @@ impl Env {
         });
         self.wait_slices(name).await?;
         Ok(self.nodes.last().expect("just pushed"))
+    }
+
+    /// Starts a stock kubelet and fake runtime for `name` (the kubelet registers the Node), then
+    /// the node's plugin with `plugin_args` in the kubelet's plugin directories; waits until the
+    /// kubelet has registered the plugin and the plugin's ResourceSlices are complete.
+    pub async fn add_real_node(
+        &mut self,
+        name: &str,
+        plugin_args: &[&str],
+    ) -> Result<&RealNodeEnv> {
+        let setup = self.kubelet_setup.clone().context(
+            "no stock kubelet: run through e2e/run.sh (E2E_KUBELET_BIN, E2E_KUBELET_TOOLS)",
+        )?;
+        let mut dirs = NodeDirs::create(&self.work, name)?;
+        let kubelet = RealKubelet::start(
+            &self.client,
+            &setup,
+            name,
+            &self.test,
+            &dirs.root,
+            &dirs.cdi,
+        )
+        .await?;
+        dirs.registrar = kubelet.registrar_dir();
+        dirs.plugin = kubelet.plugin_dir(crate::DRIVER);
+        for d in [&dirs.registrar, &dirs.plugin] {
+            std::fs::create_dir_all(d)?;
+        }
+        let plugin = Plugin::start(&self.plugin_bin, name, &self.kubeconfig, &dirs, plugin_args)?;
+        self.real_nodes.push(RealNodeEnv {
+            name: name.to_string(),
+            plugin,
+            kubelet,
+            dirs,
+        });
+        self.wait_registered(name).await?;
+        self.wait_slices(name).await?;
+        Ok(self.real_nodes.last().expect("just pushed"))
+    }
+
+    /// Waits until the stock kubelet of `name` has accepted its plugin's registration (the plugin
+    /// logs the kubelet's verdict once per registration).
+    pub async fn wait_registered(&mut self, name: &str) -> Result<()> {
+        let node = self.real_node_mut(name);
+        let log = node.dirs.root.join("plugin.log");
+        let since = std::fs::read_to_string(&log).map(|t| t.len()).unwrap_or(0);
+        wait_until(
+            &format!("the kubelet of {name} registering its plugin"),
+            WAIT,
+            || {
+                let r = node
+                    .plugin
+                    .check_alive()
+                    .and_then(|()| node.kubelet.check_alive());
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let registered = text
+                    .get(since..)
+                    .unwrap_or("")
+                    .contains("registered with the kubelet");
+                async move { r.map(|()| registered.then_some(())) }
+            },
+        )
+        .await
+    }
+
+    pub fn real_node(&self, name: &str) -> &RealNodeEnv {
+        self.real_nodes
+            .iter()
+            .find(|n| n.name == name)
+            .expect("real node of this scenario")
+    }
+
+    pub fn real_node_mut(&mut self, name: &str) -> &mut RealNodeEnv {
+        self.real_nodes
+            .iter_mut()
+            .find(|n| n.name == name)
+            .expect("real node of this scenario")
     }
 
     pub fn node(&self, name: &str) -> &NodeEnv {
@@ -399,6 +490,13 @@ impl Env {
                     println!("pod {name} on {}: {r:?}", n.name);
                 }
             }
+            for n in &self.real_nodes {
+                for c in n.kubelet.containers().unwrap_or_default() {
+                    if c.pod_uid == uid {
+                        println!("pod {name} on {} (stock kubelet): {c:?}", n.name);
+                    }
+                }
+            }
         }
     }
 
@@ -442,10 +540,19 @@ impl Env {
                     .map(move |v| format!("{}: {v}", n.name))
             })
             .collect();
+        let mut v = v;
+        for n in &self.real_nodes {
+            v.extend(
+                n.kubelet
+                    .violations()?
+                    .into_iter()
+                    .map(|e| format!("{}: {e}", n.name)),
+            );
+        }
         if v.is_empty() {
             Ok(())
         } else {
-            bail!("kubelet-role violations:\n  {}", v.join("\n  "))
+            bail!("kubelet violations:\n  {}", v.join("\n  "))
         }
     }
 
@@ -494,10 +601,27 @@ impl Env {
                 bail!("{}: CDI spec files left: {files:?}", n.name);
             }
         }
+        for n in &self.real_nodes {
+            let prepared = n.kubelet.prepared_claims()?;
+            if !prepared.is_empty() {
+                bail!(
+                    "{}: the kubelet still holds claims as prepared: {prepared:?}",
+                    n.name
+                );
+            }
+            let files = crate::cdi::spec_files(&n.dirs.cdi)?;
+            if !files.is_empty() {
+                bail!("{}: CDI spec files left: {files:?}", n.name);
+            }
+        }
         self.check_violations()?;
         let nodes: Api<Node> = Api::all(self.client.clone());
         for n in &mut self.nodes {
             n.plugin.stop().await?;
+        }
+        for n in &mut self.real_nodes {
+            n.plugin.stop().await?;
+            n.kubelet.stop().await?;
         }
         let lp = ListParams::default().labels(&format!("e2e-test={}", self.test));
         for n in nodes.list(&lp).await?.items {

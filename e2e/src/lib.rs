@@ -2,14 +2,16 @@
 //!
 //! The control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler) is started by
 //! `e2e/run.sh`; this crate plays the node side: [`plugin::Plugin`] runs one `dra-plugin` process per
-//! node, [`kubelet::Kubelet`] does what the kubelet's DRA manager does for that node, and [`env::Env`]
-//! ties them to Node objects for one scenario (`tests/scenarios.rs`).
+//! node, [`real_kubelet::RealKubelet`] runs the stock kubelet with a fake container runtime for it,
+//! [`kubelet::Kubelet`] plays the kubelet's DRA manager itself where a test must inject what the
+//! real one never sends, and [`env::Env`] ties them to Node objects for one scenario.
 
 pub mod cdi;
 pub mod env;
 pub mod grpc;
 pub mod kubelet;
 pub mod plugin;
+pub mod real_kubelet;
 
 /// The DRA driver name the plugin serves.
 pub const DRIVER: &str = "gpu.nvidia.com";
