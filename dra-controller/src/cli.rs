@@ -8,6 +8,8 @@ use clap::{Parser, Subcommand};
     about = "gpu.nvidia.com DRA controller and local simulator"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub log: gpu_dra_log::LogArgs,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -1,3 +1,5 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 
 // `simulate` builds every node's pool from thousands of short strings and small maps; mimalloc's
@@ -7,6 +9,20 @@ use clap::Parser;
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 #[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    dra_controller::cli::Cli::parse().run().await
+async fn main() -> ExitCode {
+    let cli = dra_controller::cli::Cli::parse();
+    let log = match gpu_dra_log::init(&cli.log) {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match cli.run().await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            gpu_dra_log::exit_error(log.format, &e);
+            ExitCode::FAILURE
+        }
+    }
 }

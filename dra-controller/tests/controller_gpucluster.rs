@@ -19,6 +19,7 @@ fn ctx() -> (Arc<Ctx>, Handle) {
             client,
             namespace: "gpu-dra".into(),
             metrics,
+            log_env: Vec::new(),
         }),
         handle,
     )

@@ -25,11 +25,17 @@ fn owner() -> OwnerReference {
 }
 
 fn daemonset(spec: Value) -> DaemonSet {
+    daemonset_logging(spec, &[])
+}
+
+/// With the controller's `--components-*` logging flags turned into `log_env`.
+fn daemonset_logging(spec: Value, log_env: &[(&'static str, String)]) -> DaemonSet {
     let spec: GPUClusterSpec = serde_json::from_value(spec).expect("spec parses");
     let t = Target {
         namespace: "gpu-dra",
         owner: owner(),
         spec: &spec,
+        log_env,
     };
     render::plugin_daemonset(&t).expect("renders")
 }
@@ -38,21 +44,40 @@ fn containers(ds: &DaemonSet) -> Vec<Container> {
     ds.spec.template.spec.as_ref().unwrap().containers.clone()
 }
 
-/// `env var name -> --long-flag` of `dra-plugin run`, from the plugin's clap definition.
+/// `env var name -> --long-flag` of `dra-plugin run`, from the plugin's clap definition, and the
+/// logging variables the shared logging set-up reads for its global flags.
 fn plugin_env_flags() -> BTreeMap<String, String> {
     let cli = Cli::command();
     let run = cli.find_subcommand("run").expect("dra-plugin has `run`");
-    run.get_arguments()
+    let mut flags: BTreeMap<String, String> = run
+        .get_arguments()
         .filter_map(|a| {
             let env = a.get_env()?.to_str()?.to_owned();
             Some((env, format!("--{}", a.get_long()?)))
         })
-        .collect()
+        .collect();
+    for (env, long) in [
+        (gpu_dra_log::VERBOSITY_ENV, "v"),
+        (gpu_dra_log::FORMAT_ENV, "logging-format"),
+    ] {
+        let arg = cli
+            .get_arguments()
+            .find(|a| a.get_long() == Some(long))
+            .unwrap_or_else(|| panic!("dra-plugin has no --{long}"));
+        assert!(arg.is_global_set(), "--{long} is global");
+        flags.insert(env.to_owned(), format!("--{long}"));
+    }
+    flags
 }
 
 /// Parses the container the way its process would start: command, args, and every env var turned into
 /// the flag the plugin reads it through. `NODE_NAME` (a field reference) resolves to `node-a`.
 fn parse(c: &Container) -> RunArgs {
+    parse_all(c).0
+}
+
+/// [`parse`], with the logging flags the variables turned into.
+fn parse_all(c: &Container) -> (RunArgs, gpu_dra_log::LogArgs) {
     let flags = plugin_env_flags();
     let mut argv: Vec<String> = c.command.clone().unwrap_or_default();
     argv.extend(c.args.clone().unwrap_or_default());
@@ -78,7 +103,8 @@ fn parse(c: &Container) -> RunArgs {
     match Cli::try_parse_from(&argv) {
         Ok(Cli {
             command: Command::Run(args),
-        }) => args,
+            log,
+        }) => (args, log),
         Ok(other) => panic!("not `run`: {other:?}"),
         Err(e) => panic!("dra-plugin rejects {argv:?}: {e}"),
     }
@@ -216,6 +242,32 @@ fn disabled_healthcheck_turns_the_health_server_off_and_user_env_overrides() {
         1,
         "an override replaces the built-in variable"
     );
+}
+
+#[test]
+fn the_controllers_component_logging_reaches_both_plugins_and_a_component_may_override_it() {
+    let log_env = [
+        (gpu_dra_log::VERBOSITY_ENV, "4".to_string()),
+        (gpu_dra_log::FORMAT_ENV, "json".to_string()),
+    ];
+    let ds = daemonset_logging(
+        json!({ "draDriver": { "computeDomains": { "kubeletPlugin": {
+            "healthcheck": { "port": 51515 },
+            "env": [ { "name": "LOG_VERBOSITY", "value": "6" } ],
+        } } } }),
+        &log_env,
+    );
+    let cs = containers(&ds);
+    let (_, gpus) = parse_all(&cs[0]);
+    assert_eq!(gpus.verbosity, Some(4));
+    assert_eq!(gpus.logging_format, Some(gpu_dra_log::Format::Json));
+    let (_, cd) = parse_all(&cs[1]);
+    assert_eq!(cd.verbosity, Some(6), "the component's own env wins");
+    assert_eq!(cd.logging_format, Some(gpu_dra_log::Format::Json));
+    // Without the controller flags the plugins get no logging variables at all.
+    let plain = containers(&daemonset(json!({ "draDriver": {} })));
+    assert_eq!(env_of(&plain[0], gpu_dra_log::VERBOSITY_ENV), None);
+    assert_eq!(parse_all(&plain[0]).1, gpu_dra_log::LogArgs::default());
 }
 
 #[test]

@@ -10,6 +10,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
     about = "Kubelet DRA plugin for NVIDIA GPUs (driver gpu.nvidia.com)"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub log: gpu_dra_log::LogArgs,
     #[command(subcommand)]
     pub command: Command,
 }

@@ -1,15 +1,29 @@
+use std::process::ExitCode;
+
 use clap::Parser;
 use dra_plugin::cli::{Cli, Command};
 
-fn main() -> anyhow::Result<()> {
+fn main() -> ExitCode {
     limit_malloc_arenas();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .init();
-    match Cli::parse().command {
+    let cli = Cli::parse();
+    let log = match gpu_dra_log::init(&cli.log) {
+        Ok(log) => log,
+        Err(e) => {
+            eprintln!("Error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    match run(cli.command) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            gpu_dra_log::exit_error(log.format, &e);
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(command: Command) -> anyhow::Result<()> {
+    match command {
         Command::Slices(args) => dra_plugin::run::print_slices(args),
         Command::MockNvmlRoot(args) => dra_plugin::backend::nvml_mock_root::run(args),
         // Two workers by default (`--worker-threads`): on the 64-claim bench, run alternately

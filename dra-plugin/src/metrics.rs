@@ -17,6 +17,15 @@ pub struct ErrorLabels {
     pub reason: &'static str,
 }
 
+/// A failed or refused call, or a broken connection, on one of the kubelet's sockets.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SocketErrorLabels {
+    /// `registration` or `dra`.
+    pub socket: &'static str,
+    /// One of [`crate::grpc::observe`]'s fixed reasons.
+    pub reason: &'static str,
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub prepare_duration: Histogram,
@@ -25,6 +34,8 @@ pub struct Metrics {
     pub prepared_devices: Gauge,
     pub published_devices: Gauge,
     pub publish_errors: Counter,
+    pub socket_errors: Family<SocketErrorLabels, Counter>,
+    pub registration_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -44,6 +55,8 @@ impl Metrics {
         let prepared_devices = Gauge::default();
         let published_devices = Gauge::default();
         let publish_errors = Counter::default();
+        let socket_errors = Family::<SocketErrorLabels, Counter>::default();
+        let registration_refused = Counter::default();
         registry.register(
             "node_prepare_duration_seconds",
             "Duration of NodePrepareResources calls",
@@ -74,6 +87,16 @@ impl Metrics {
             "Failed attempts to publish ResourceSlices",
             publish_errors.clone(),
         );
+        registry.register(
+            "kubelet_socket_errors",
+            "Failed or refused calls and broken connections on the kubelet sockets",
+            socket_errors.clone(),
+        );
+        registry.register(
+            "registration_refused",
+            "NotifyRegistrationStatus calls in which the kubelet refused the plugin",
+            registration_refused.clone(),
+        );
         Metrics {
             registry,
             prepare_duration,
@@ -82,12 +105,20 @@ impl Metrics {
             prepared_devices,
             published_devices,
             publish_errors,
+            socket_errors,
+            registration_refused,
         }
     }
 
     pub fn error(&self, operation: &'static str, reason: &'static str) {
         self.errors
             .get_or_create(&ErrorLabels { operation, reason })
+            .inc();
+    }
+
+    pub fn socket_error(&self, socket: &'static str, reason: &'static str) {
+        self.socket_errors
+            .get_or_create(&SocketErrorLabels { socket, reason })
             .inc();
     }
 
@@ -146,12 +177,16 @@ mod tests {
         m.prepare_duration.observe(0.002);
         m.error("prepare", "config");
         m.prepared_devices.set(3);
+        m.socket_error("registration", "protocol");
+        m.registration_refused.inc();
         let text = m.encode();
         for series in [
             "gpu_dra_node_prepare_duration_seconds_bucket",
             "gpu_dra_claim_errors_total{operation=\"prepare\",reason=\"config\"} 1",
             "gpu_dra_prepared_devices 3",
             "gpu_dra_published_devices 0",
+            "gpu_dra_kubelet_socket_errors_total{socket=\"registration\",reason=\"protocol\"} 1",
+            "gpu_dra_registration_refused_total 1",
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }

@@ -5,18 +5,15 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
-use gpu_dra_api::gates::FeatureGates;
+use gpu_dra_api::gates::{Component, FeatureGates};
 use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::simulated::{GpuGroup, HardwareFile};
 use gpu_dra_api::slices::{
     SliceContent, SliceOptions, TaintMap, build_pool, enable_consumable_shares, to_resource_slices,
 };
-use hyper_util::service::TowerToHyperService;
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kubelet_proto::registration;
-use registration::registration_server::RegistrationServer;
 use tokio::sync::watch;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use crate::backend::nvml::NvmlBackend;
 use crate::backend::simulated::SimulatedBackend;
@@ -29,12 +26,13 @@ use crate::core::state::DeviceState;
 use crate::core::{ClaimSource, Preparer};
 use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
-use crate::grpc::registration::RegistrationService;
-use crate::grpc::routes::DraRoutes;
-use crate::grpc::server::SocketGuard;
 use crate::kube::claims::{ApiClaims, FileClaims};
+use crate::kube::events::{ApiNodeEvents, NodeEvents};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
 use crate::metrics::Metrics;
+
+mod kubelet;
+use kubelet::serve_kubelet;
 
 /// The device backend; `health_file` is where a simulated node takes injected health events.
 pub fn build_backend(
@@ -80,6 +78,7 @@ pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
     let gates = FeatureGates::parse(&args.device.feature_gates)?;
     let backend = build_backend(&args.device, None)?;
     let inv = backend.discover()?;
+    debug!(backend = backend.kind(), node = %args.device.node_name, gpus = inv.gpus.len(), "discovered devices");
     let minor: u32 = args
         .kubernetes_version
         .trim_start_matches('v')
@@ -103,6 +102,11 @@ pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
         enable_consumable_shares(&mut contents);
     }
     let slices = to_resource_slices(contents, &opts, 1, None);
+    debug!(
+        slices = slices.len(),
+        split_counters = opts.split_counters,
+        "built ResourceSlices"
+    );
     let objects: Vec<serde_json::Value> = slices
         .iter()
         .map(|s| {
@@ -192,10 +196,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 /// Serves until `shutdown` turns true (tests drive this directly).
 pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let dev = &args.device;
+    // NVIDIA's binaries check the gate rules whatever their role.
     if dev.driver_name == crate::computedomain::CD_DRIVER {
+        crate::gates::load(&dev.feature_gates, Component::ComputeDomainPlugin)?;
         return run_compute_domain(args, shutdown).await;
     }
-    let gates = FeatureGates::parse(&dev.feature_gates)?;
+    let gates = crate::gates::load(&dev.feature_gates, Component::GpuPlugin)?;
     let metrics = Arc::new(Metrics::new());
     let backend = build_backend(dev, Some(args.plugin_dir.join("simulated-health-events")))?;
     info!(backend = backend.kind(), node = %dev.node_name, gates = %gates, "starting");
@@ -213,6 +219,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             .and_then(|n| n.metadata.uid),
         None => None,
     };
+    let events = node_events(client.as_ref(), &dev.node_name, node_uid);
 
     std::fs::create_dir_all(&args.plugin_dir)
         .with_context(|| format!("creating {}", args.plugin_dir.display()))?;
@@ -248,17 +255,8 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
                 adopted.len()
             );
             error!("{msg}");
-            if let Some(c) = &client
-                && let Err(e) = crate::kube::events::node_warning(
-                    c,
-                    &dev.node_name,
-                    node_uid.as_deref(),
-                    "CheckpointCorrupt",
-                    &msg,
-                )
-                .await
-            {
-                warn!(error = %e, "could not record the event");
+            if let Some(events) = &events {
+                events.warning("CheckpointCorrupt", "Recover", msg);
             }
         }
     }
@@ -298,7 +296,14 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     let (health_changed_tx, health_changed) = watch::channel(0u64);
     let health_service = health_enabled
         .then(|| HealthService::new(state.clone(), tracker.clone(), health_changed.clone()));
-    let servers = serve_kubelet(&args, service, health_service, shutdown.clone())?;
+    let servers = serve_kubelet(
+        &args,
+        service,
+        health_service,
+        &metrics,
+        events,
+        shutdown.clone(),
+    )?;
     let reg_path = servers.reg_path.clone();
 
     if args.metrics_port != 0 {
@@ -358,65 +363,6 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     Ok(())
 }
 
-/// The kubelet-facing sockets: DRA (v1, v1beta1, and health when given) and registration.
-struct KubeletServers {
-    dra: tokio::task::JoinHandle<()>,
-    registration: tokio::task::JoinHandle<()>,
-    guards: (SocketGuard, SocketGuard),
-    reg_path: std::path::PathBuf,
-}
-
-impl KubeletServers {
-    /// Stops serving, then leaves the checkpoint's newest state where a previous version would
-    /// look for it (no more calls can change it).
-    async fn stop(self, checkpoint: &Checkpoint) {
-        let _ = tokio::time::timeout(Duration::from_secs(5), async {
-            let _ = self.dra.await;
-            let _ = self.registration.await;
-        })
-        .await;
-        if let Err(e) = checkpoint.settle().await {
-            warn!(error = %e, "could not settle the checkpoint");
-        }
-        drop(self.guards);
-        info!("stopped");
-    }
-}
-
-fn serve_kubelet(
-    args: &RunArgs,
-    service: DraService,
-    health: Option<HealthService>,
-    shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<KubeletServers> {
-    let driver = &args.device.driver_name;
-    // The DRA socket first, then registration: the kubelet may call as soon as it sees us.
-    let dra_path = std::path::absolute(args.plugin_dir.join("dra.sock"))?;
-    let reg_path = args.registrar_dir.join(format!("{driver}-reg.sock"));
-    let registration =
-        RegistrationService::new(driver, &dra_path.to_string_lossy(), health.is_some());
-    let (dra_listener, dra_guard) = crate::grpc::server::bind(&dra_path)?;
-    let dra = tokio::spawn(crate::grpc::server::serve(
-        dra_listener,
-        DraRoutes::new(service, health),
-        wait(shutdown.clone()),
-    ));
-    let (reg_listener, reg_guard) = crate::grpc::server::bind(&reg_path)?;
-    // One service on this socket: its generated server answers Unimplemented for anything else.
-    let registration = tokio::spawn(crate::grpc::server::serve(
-        reg_listener,
-        TowerToHyperService::new(RegistrationServer::new(registration)),
-        wait(shutdown),
-    ));
-    info!(dra = %dra_path.display(), registration = %reg_path.display(), "serving the kubelet");
-    Ok(KubeletServers {
-        dra,
-        registration,
-        guards: (dra_guard, reg_guard),
-        reg_path,
-    })
-}
-
 /// `dra-plugin run --driver-name compute-domain.nvidia.com`: the IMEX channel and daemon devices.
 async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     use crate::computedomain::{
@@ -460,7 +406,8 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
         (None, Some(c)) => Arc::new(ApiClaims::new(c.clone(), &dev.driver_name, &dev.node_name)),
     };
     let service = DraService::new(state.clone(), claims, metrics.clone());
-    let servers = serve_kubelet(&args, service, None, shutdown.clone())?;
+    let events = node_events(client.as_ref(), &dev.node_name, None);
+    let servers = serve_kubelet(&args, service, None, &metrics, events, shutdown.clone())?;
     if let Some(client) = client {
         let opts = SliceOptions {
             driver: dev.driver_name.clone(),
@@ -478,6 +425,21 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     }
     servers.stop(state.checkpoint()).await;
     Ok(())
+}
+
+/// This node's Warning events; none offline.
+fn node_events(
+    client: Option<&kube::Client>,
+    node: &str,
+    node_uid: Option<String>,
+) -> Option<Arc<dyn NodeEvents>> {
+    client.map(|c| {
+        Arc::new(ApiNodeEvents {
+            client: c.clone(),
+            node: node.to_string(),
+            node_uid,
+        }) as Arc<dyn NodeEvents>
+    })
 }
 
 /// gRPC health (`liveness`): serving only while our own registration socket answers GetInfo.
@@ -587,9 +549,9 @@ async fn cleanup_loop(
                 }
             };
             if gone {
-                info!(claim_uid = %uid, claim = %format!("{}/{}", record.namespace, record.name), state = ?record.state, "cleaning up a claim whose ResourceClaim is gone");
+                info!(claimUID = %uid, claim = %format!("{}/{}", record.namespace, record.name), state = ?record.state, "cleaning up a claim whose ResourceClaim is gone");
                 if let Err(e) = state.unprepare(&uid).await {
-                    warn!(claim_uid = %uid, error = %e, "cleanup failed");
+                    warn!(claimUID = %uid, error = %e, "cleanup failed");
                 }
             }
         }

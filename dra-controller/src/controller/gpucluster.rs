@@ -38,6 +38,8 @@ pub struct Ctx {
     /// Where the driver's namespaced objects live.
     pub namespace: String,
     pub metrics: Arc<Metrics>,
+    /// Logging variables for the components this controller deploys ([`render::Target::log_env`]).
+    pub log_env: Vec<(&'static str, String)>,
 }
 
 /// Requeue while a node or teardown step waits on something no watch announces promptly.
@@ -91,6 +93,7 @@ async fn converge(gc: &GPUCluster, ctx: &Ctx) -> Result<Action> {
         namespace: ns,
         owner,
         spec,
+        log_env: &ctx.log_env,
     };
 
     let plan = observe_pool(ctx, spec).await?;

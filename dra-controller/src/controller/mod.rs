@@ -31,7 +31,7 @@ use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::{Api, Client};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use crd::{ComputeDomain, GPU_CLUSTER_NAME, GPUCluster};
 
@@ -66,6 +66,32 @@ pub struct RunArgs {
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
+    /// `-v` of the components this controller deploys (kubelet plugins, ComputeDomain
+    /// controller), given to them as LOG_VERBOSITY; a component's `env` in the GPUCluster wins.
+    #[arg(long, env = "COMPONENTS_LOG_VERBOSITY", value_name = "N")]
+    pub components_log_verbosity: Option<u32>,
+    /// `--logging-format` of the components this controller deploys, as LOGGING_FORMAT.
+    #[arg(
+        long,
+        env = "COMPONENTS_LOGGING_FORMAT",
+        value_enum,
+        value_name = "FORMAT"
+    )]
+    pub components_logging_format: Option<gpu_dra_log::Format>,
+}
+
+impl RunArgs {
+    /// The logging variables of the components this controller deploys.
+    pub fn components_log_env(&self) -> Vec<(&'static str, String)> {
+        let mut env = Vec::new();
+        if let Some(v) = self.components_log_verbosity {
+            env.push((gpu_dra_log::VERBOSITY_ENV, v.to_string()));
+        }
+        if let Some(f) = self.components_logging_format {
+            env.push((gpu_dra_log::FORMAT_ENV, f.as_str().to_string()));
+        }
+        env
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -78,11 +104,6 @@ pub enum ControllerKind {
 
 /// Run until SIGTERM or Ctrl-C: serve the admin endpoint, win the lease, reconcile, release the lease.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .try_init();
     let client = Client::try_default()
         .await
         .context("building a Kubernetes client")?;
@@ -136,6 +157,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             client: client.clone(),
             namespace: args.namespace.clone(),
             metrics: metrics.clone(),
+            log_env: args.components_log_env(),
         });
         controllers.push(Box::pin(gpucluster_controller(
             client.clone(),
@@ -225,11 +247,7 @@ fn gpucluster_controller(
     .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))
     .graceful_shutdown_on(shutdown)
     .run(gpucluster::reconcile, gpucluster::error_policy, ctx)
-    .for_each(|res| async move {
-        if let Err(e) = res {
-            warn!(error = %e, "gpucluster reconcile failed");
-        }
-    })
+    .for_each(|res| async move { log_outcome("gpucluster", res) })
 }
 
 fn computedomain_controller(
@@ -261,11 +279,25 @@ fn computedomain_controller(
     .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))
     .graceful_shutdown_on(shutdown)
     .run(computedomain::reconcile, computedomain::error_policy, ctx)
-    .for_each(|res| async move {
-        if let Err(e) = res {
-            warn!(error = %e, "computedomain reconcile failed");
+    .for_each(|res| async move { log_outcome("computedomain", res) })
+}
+
+/// A reconcile's failure at WARN, except a request for an object not in the local store: the
+/// watches of the GPUCluster controller map every Node, Pod and claim event to the singleton,
+/// which before the GPUCluster exists (and after it is deleted) is simply absent, and a deleted
+/// ComputeDomain's children trigger one last request too. Nothing to do then, so debug only.
+fn log_outcome<T, E: std::error::Error, Q: std::error::Error>(
+    controller: &'static str,
+    res: Result<T, kube::runtime::controller::Error<E, Q>>,
+) {
+    use kube::runtime::controller::Error as CtrlError;
+    match res {
+        Ok(_) => {}
+        Err(CtrlError::ObjectNotFound(obj)) => {
+            debug!(controller, object = %obj, "nothing to reconcile: the object is not (or no longer) there")
         }
-    })
+        Err(e) => warn!(controller, error = %e, "reconcile failed"),
+    }
 }
 
 /// Every watched object concerns the one GPUCluster.
@@ -297,4 +329,59 @@ pub fn crdgen() -> anyhow::Result<()> {
         .write_all(yaml.as_bytes())
         .context("writing the CRDs")?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::{Arc, Mutex};
+
+    use kube::runtime::controller::Error as CtrlError;
+
+    use super::*;
+
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl Write for Sink {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// What `log_outcome` writes for `res` at the default verbosity.
+    fn logged(res: Result<(), CtrlError<std::io::Error, std::io::Error>>) -> String {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let sink = buf.clone();
+        let config = gpu_dra_log::Config {
+            verbosity: 0,
+            format: gpu_dra_log::Format::Text,
+            filter: None,
+            colour: false,
+        };
+        let sub = gpu_dra_log::subscriber(&config, move || Sink(sink.clone())).unwrap();
+        tracing::subscriber::with_default(sub, || log_outcome("gpucluster", res));
+        String::from_utf8(buf.lock().unwrap().clone()).unwrap()
+    }
+
+    #[test]
+    fn an_object_not_in_the_store_is_quiet_and_a_failed_reconcile_warns() {
+        let missing = ObjectRef::<GPUCluster>::new(GPU_CLUSTER_NAME).erase();
+        assert_eq!(
+            logged(Err(CtrlError::ObjectNotFound(Box::new(missing)))),
+            ""
+        );
+        let failed = CtrlError::ReconcilerFailed(
+            std::io::Error::other("apply refused"),
+            Box::new(ObjectRef::<GPUCluster>::new(GPU_CLUSTER_NAME).erase()),
+        );
+        let out = logged(Err(failed));
+        assert!(
+            out.contains("WARN") && out.contains("apply refused"),
+            "{out}"
+        );
+    }
 }

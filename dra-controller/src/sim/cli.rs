@@ -273,7 +273,7 @@ pub async fn load_scenario(args: &SimulateArgs) -> Result<Scenario> {
     if names.is_empty() {
         names.push(SIM_NODE.to_string());
     }
-    let nodes = names
+    let nodes: Vec<SimNode> = names
         .into_iter()
         .map(|name| {
             let labels = objs
@@ -289,6 +289,14 @@ pub async fn load_scenario(args: &SimulateArgs) -> Result<Scenario> {
             SimNode { name, labels }
         })
         .collect();
+    tracing::debug!(
+        slices = objs.slices.len(),
+        classes = objs.classes.len(),
+        pending = pending.len(),
+        allocated = allocated.len(),
+        nodes = %nodes.iter().map(|n| n.name.as_str()).collect::<Vec<_>>().join(","),
+        "scenario loaded"
+    );
     Ok(Scenario {
         objs,
         pending,
@@ -419,6 +427,9 @@ fn emit(s: &str) {
 pub async fn simulate(args: SimulateArgs) -> Result<()> {
     let sc = load_scenario(&args).await?;
     let outcomes = run_scenario(&sc);
+    for o in &outcomes {
+        tracing::debug!(node = %o.node, fits = o.fits, "allocator ran");
+    }
     match args.output {
         Output::Json => emit(&format!("{}\n", serde_json::to_string_pretty(&outcomes)?)),
         Output::Yaml => emit(&serde_yaml::to_string(&outcomes)?),

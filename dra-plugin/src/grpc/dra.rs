@@ -6,7 +6,7 @@ use std::time::Instant;
 use futures::future::join_all;
 use kubelet_proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use tonic::{Request, Response, Status};
-use tracing::{Instrument, info, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::core::types::ClaimRef;
 use crate::core::{ClaimSource, Preparer};
@@ -36,7 +36,7 @@ impl DraService {
     pub async fn prepare(&self, claims: Vec<v1::Claim>) -> v1::NodePrepareResourcesResponse {
         let start = Instant::now();
         let results = join_all(claims.into_iter().map(|c| {
-            let span = info_span!("prepare", claim_uid = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
+            let span = info_span!("prepare", claimUID = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
             async move {
                 let claim = ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name };
                 let result = match self.claims.allocation(&claim).await {
@@ -46,6 +46,9 @@ impl DraService {
                 let entry = match result {
                     Ok(devices) => {
                         info!(devices = devices.len(), "prepared");
+                        for d in &devices {
+                            debug!(request = %d.request_names.join(","), device = %d.device_name, pool = %d.pool_name, "device prepared");
+                        }
                         v1::NodePrepareResourceResponse {
                             devices: devices
                                 .into_iter()
@@ -85,7 +88,7 @@ impl DraService {
     pub async fn unprepare(&self, claims: Vec<v1::Claim>) -> v1::NodeUnprepareResourcesResponse {
         let start = Instant::now();
         let results = join_all(claims.into_iter().map(|c| {
-            let span = info_span!("unprepare", claim_uid = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
+            let span = info_span!("unprepare", claimUID = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
             async move {
                 let error = match self.state.unprepare(&c.uid).await {
                     Ok(()) => {

@@ -3,6 +3,7 @@ pub mod authority;
 pub mod client;
 pub mod dra;
 pub mod health;
+pub mod observe;
 pub mod registration;
 pub mod routes;
 pub mod server;

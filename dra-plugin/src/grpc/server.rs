@@ -7,10 +7,11 @@ use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::watch;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use crate::Error;
 use crate::grpc::authority::{AuthorityFix, MAX_FRAME_SIZE, MAX_HEADER_LIST_SIZE};
+use crate::grpc::observe::{ConnectionWatch, Observer};
 
 /// Binds `path`, replacing a stale socket left by a crashed predecessor.
 pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), Error> {
@@ -34,7 +35,8 @@ impl Drop for SocketGuard {
 }
 
 /// Serves gRPC on `listener` until `shutdown` completes; then stops accepting, sends every
-/// connection a GOAWAY and returns once their open calls have finished.
+/// connection a GOAWAY and returns once their open calls have finished. `observer` logs and
+/// counts failed calls and broken connections.
 ///
 /// hyper's HTTP/2 server rather than tonic's `Server`: the kubelet speaks only HTTP/2 (prior
 /// knowledge) on these sockets, and tonic's protocol detection, tower layers and axum routing
@@ -42,8 +44,12 @@ impl Drop for SocketGuard {
 /// defaults, which are also what tonic's `Server` uses unless told otherwise. Every connection
 /// reads through [`AuthorityFix`], so grpc-go clients that dial a bare socket path (the kubelet's
 /// plugin watcher) are served.
-pub async fn serve<S>(listener: UnixListener, service: S, shutdown: impl Future<Output = ()>)
-where
+pub async fn serve<S>(
+    listener: UnixListener,
+    service: S,
+    observer: Observer,
+    shutdown: impl Future<Output = ()>,
+) where
     S: hyper::service::Service<
             http::Request<Incoming>,
             Response = http::Response<tonic::body::Body>,
@@ -61,11 +67,12 @@ where
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((stream, _)) => {
-                    connections.spawn(connection(stream, service.clone(), stopping.clone()));
+                    let (service, ending) = observer.connection(service.clone());
+                    connections.spawn(connection(stream, service, ending, stopping.clone()));
                 }
                 // Out of file descriptors, most likely: a pause lets calls in flight free some.
                 Err(e) => {
-                    warn!(error = %e, "accepting a connection");
+                    warn!(socket = observer.socket().label(), error = %e, "accepting a connection");
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 }
             },
@@ -77,8 +84,12 @@ where
     while connections.join_next().await.is_some() {}
 }
 
-async fn connection<S>(stream: UnixStream, service: S, mut stopping: watch::Receiver<bool>)
-where
+async fn connection<S>(
+    stream: UnixStream,
+    service: S,
+    ending: ConnectionWatch,
+    mut stopping: watch::Receiver<bool>,
+) where
     S: hyper::service::Service<
             http::Request<Incoming>,
             Response = http::Response<tonic::body::Body>,
@@ -100,8 +111,7 @@ where
             conn.await
         }
     };
-    // A client that hangs up mid-call ends its connection this way; nothing to act on.
     if let Err(e) = done {
-        debug!(error = %e, "connection ended");
+        ending.ended(&e);
     }
 }

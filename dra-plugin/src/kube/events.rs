@@ -4,11 +4,44 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time
 use kube::Api;
 use kube::api::PostParams;
 
+/// Where this node's Warning events go. A trait so that code recording events can be tested
+/// without an API server, and runs unchanged offline (where there is none).
+pub trait NodeEvents: Send + Sync {
+    /// Records the event in the background: the caller (a kubelet call, say) never waits on the
+    /// API server. `action` is what the plugin was doing.
+    fn warning(&self, reason: &'static str, action: &'static str, message: String);
+}
+
+/// Events through the API server.
+pub struct ApiNodeEvents {
+    pub client: kube::Client,
+    pub node: String,
+    pub node_uid: Option<String>,
+}
+
+impl NodeEvents for ApiNodeEvents {
+    fn warning(&self, reason: &'static str, action: &'static str, message: String) {
+        let (client, node, uid) = (
+            self.client.clone(),
+            self.node.clone(),
+            self.node_uid.clone(),
+        );
+        tokio::spawn(async move {
+            if let Err(e) =
+                node_warning(&client, &node, uid.as_deref(), reason, action, &message).await
+            {
+                tracing::warn!(reason, error = %e, "could not record the event");
+            }
+        });
+    }
+}
+
 pub async fn node_warning(
     client: &kube::Client,
     node: &str,
     node_uid: Option<&str>,
     reason: &str,
+    action: &str,
     message: &str,
 ) -> Result<(), kube::Error> {
     let now = k8s_openapi::jiff::Timestamp::now();
@@ -37,7 +70,7 @@ pub async fn node_warning(
         event_time: Some(MicroTime(now)),
         reporting_component: Some("gpu.nvidia.com/dra-plugin".into()),
         reporting_instance: Some(node.into()),
-        action: Some("Recover".into()),
+        action: Some(action.into()),
         count: Some(1),
         ..Default::default()
     };

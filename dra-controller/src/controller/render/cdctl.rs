@@ -10,11 +10,12 @@ pub const CD_CONTROLLER: &str = "compute-domain-controller";
 
 pub fn cd_controller_deployment(t: &Target<'_>) -> Result<Deployment> {
     let spec = &t.spec.dra_driver.compute_domains.controller;
-    let base = vec![
+    let mut base = vec![
         json!({ "name": "POD_NAMESPACE", "valueFrom": { "fieldRef": { "fieldPath": "metadata.namespace" } } }),
         json!({ "name": "FEATURE_GATES", "value": t.feature_gates() }),
         json!({ "name": "DAEMON_IMAGE", "value": t.image() }),
     ];
+    base.extend(t.log_env_entries());
     let mut container = json!({
         "name": "controller",
         "image": t.image(),

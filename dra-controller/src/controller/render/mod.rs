@@ -30,9 +30,19 @@ pub struct Target<'a> {
     pub namespace: &'a str,
     pub owner: OwnerReference,
     pub spec: &'a GPUClusterSpec,
+    /// Logging variables (`LOG_VERBOSITY`, `LOGGING_FORMAT`) every rendered container gets; a
+    /// component's own `env` in the spec overrides them.
+    pub log_env: &'a [(&'static str, String)],
 }
 
 impl Target<'_> {
+    /// [`Target::log_env`] as container env entries.
+    fn log_env_entries(&self) -> impl Iterator<Item = Value> + '_ {
+        self.log_env
+            .iter()
+            .map(|(name, value)| json!({ "name": name, "value": value }))
+    }
+
     pub fn image(&self) -> String {
         let d = &self.spec.dra_driver;
         format!(

@@ -47,7 +47,7 @@ fn base_env(
     health_port: i32,
     metrics_port: i32,
 ) -> Vec<Value> {
-    vec![
+    let mut env = vec![
         json!({ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "fieldPath": "spec.nodeName" } } }),
         json!({ "name": "DRIVER_NAME", "value": driver }),
         json!({ "name": "FEATURE_GATES", "value": t.feature_gates() }),
@@ -58,7 +58,9 @@ fn base_env(
         json!({ "name": "CDI_ROOT", "value": CDI_ROOT }),
         json!({ "name": "METRICS_PORT", "value": metrics_port.to_string() }),
         json!({ "name": "HEALTHCHECK_PORT", "value": health_port.to_string() }),
-    ]
+    ];
+    env.extend(t.log_env_entries());
+    env
 }
 
 fn container(

@@ -38,8 +38,9 @@ fn rbac(t: &Target<'_>, name: &str, rules: Value) -> Result<Rbac> {
     })
 }
 
-/// The plugin publishes its node's slices (the VAP narrows this to its own node), reads claims and
-/// labels its node for ComputeDomains.
+/// The plugin publishes its node's slices (the VAP narrows this to its own node), reads claims,
+/// labels its node for ComputeDomains, and records Warning events on it (a corrupt checkpoint, a
+/// registration the kubelet refused; core/v1 Events).
 pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
     rbac(
         t,
@@ -48,6 +49,7 @@ pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
             { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ALL.iter().chain(&["deletecollection"]).collect::<Vec<_>>() },
             { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "deviceclasses"], "verbs": READ },
             { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"] },
+            { "apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"] },
             { "apiGroups": [""], "resources": ["pods"], "verbs": READ },
             { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status"], "verbs": ["get", "list", "watch", "patch", "update"] },
         ]),
