@@ -9,6 +9,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use futures::future::BoxFuture;
+use gpu_dra_api::config::{ComputeDomainConfig, ComputeDomainDeviceKind};
 use gpu_dra_api::slices::SliceContent;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use serde::{Deserialize, Serialize};
@@ -26,7 +27,6 @@ pub const DOMAIN_LABEL: &str = "resource.nvidia.com/computeDomain";
 pub const CDI_VENDOR: &str = "k8s.compute-domain.nvidia.com";
 /// Where the NVIDIA driver creates IMEX channel device nodes.
 pub const CHANNELS_DIR: &str = "/dev/nvidia-caps-imex-channels";
-const API_VERSION: &str = "resource.nvidia.com/v1beta1";
 
 /// The devices this node publishes: `channel-0` and `daemon-0`.
 pub fn pool_contents() -> Vec<SliceContent> {
@@ -54,29 +54,6 @@ pub fn pool_contents() -> Vec<SliceContent> {
         devices: vec![device("channel-0", "channel"), device("daemon-0", "daemon")],
         shared_counters: Vec::new(),
     }]
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize, Serialize)]
-pub enum AllocationMode {
-    #[default]
-    Single,
-    All,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-struct ChannelConfig {
-    #[serde(rename = "domainID")]
-    domain_id: String,
-    #[serde(default)]
-    allocation_mode: AllocationMode,
-}
-
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DaemonConfig {
-    #[serde(rename = "domainID")]
-    domain_id: String,
 }
 
 /// What a claim holds, recorded so unprepare knows which domain label it may release.
@@ -131,45 +108,50 @@ impl ComputeDomainState {
         self.cdi_root.join(format!("{CDI_VENDOR}-claim_{uid}.json"))
     }
 
-    /// The last matching opaque config of `kind` for a device (class configs first, claim last).
-    fn config<T: serde::de::DeserializeOwned>(
+    /// The config NVIDIA's compute-domain plugin applies to a device. Every config of the driver
+    /// is decoded strictly first; then, from the highest precedence down, the first entry that
+    /// names the device's request (it must be for this kind of device) or that names no request
+    /// (skipped if it is the other compute-domain kind) wins. With none, NVIDIA falls back to a
+    /// built-in default whose empty `domainID` fails validation: the claim is refused.
+    fn config(
         alloc: &ClaimAllocation,
         d: &AllocatedDevice,
-        kind: &str,
-    ) -> Result<T, Error> {
-        let entry = alloc
-            .configs
-            .iter()
-            .filter(|c| {
-                c.requests.is_empty()
-                    || c.requests
-                        .iter()
-                        .any(|r| r == &d.request || r == d.base_request())
-            })
-            .rfind(|c| c.parameters.get("kind").and_then(|k| k.as_str()) == Some(kind))
-            .ok_or_else(|| {
-                Error::InvalidAllocation(format!(
-                    "device {}: no opaque {kind} for request {}",
-                    d.device, d.request
-                ))
-            })?;
-        if entry.parameters.get("apiVersion").and_then(|v| v.as_str()) != Some(API_VERSION) {
-            return Err(Error::InvalidAllocation(format!(
-                "{}.apiVersion: want {API_VERSION}",
-                entry.path
-            )));
+        kind: ComputeDomainDeviceKind,
+    ) -> Result<ComputeDomainConfig, Error> {
+        let decoded = crate::core::configs::decode_all(&alloc.configs)?;
+        for (entry, config) in decoded.iter().rev() {
+            let other_kind = config.compute_domain_kind().is_some_and(|k| k != kind);
+            if !entry.requests.is_empty() {
+                if !crate::core::configs::names_request(entry, d) {
+                    continue;
+                }
+                if other_kind {
+                    return Err(Error::InvalidAllocation(format!(
+                        "{}: a {} cannot apply to {} of request {}",
+                        entry.path,
+                        config.kind_name(),
+                        d.device,
+                        d.request
+                    )));
+                }
+            } else if other_kind {
+                continue;
+            }
+            return Ok(config.compute_domain_config(&entry.path)?);
         }
-        let mut body = entry.parameters.clone();
-        if let Some(o) = body.as_object_mut() {
-            o.remove("apiVersion");
-            o.remove("kind");
-        }
-        serde_json::from_value(body)
-            .map_err(|e| Error::InvalidAllocation(format!("{}: {e}", entry.path)))
+        let want = match kind {
+            ComputeDomainDeviceKind::Channel => "ComputeDomainChannelConfig",
+            ComputeDomainDeviceKind::Daemon => "ComputeDomainDaemonConfig",
+        };
+        Err(Error::InvalidAllocation(format!(
+            "device {}: no opaque {want} for request {}, and the built-in default has no domainID \
+             (domainID cannot be empty)",
+            d.device, d.request
+        )))
     }
 
-    fn channel_numbers(&self, mode: AllocationMode) -> Result<Vec<u32>, Error> {
-        if mode == AllocationMode::Single {
+    fn channel_numbers(&self, all_channels: bool) -> Result<Vec<u32>, Error> {
+        if !all_channels {
             return Ok(vec![0]);
         }
         let entries = std::fs::read_dir(&self.channels_dir)
@@ -233,11 +215,18 @@ impl ComputeDomainState {
         for d in &alloc.devices {
             let edits = match d.device.as_str() {
                 "channel-0" => {
-                    let c: ChannelConfig = Self::config(alloc, d, "ComputeDomainChannelConfig")?;
-                    let nodes = self.channel_numbers(c.allocation_mode)?;
-                    holdings.push(Holding::Channel {
-                        domain_id: c.domain_id.clone(),
-                    });
+                    let ComputeDomainConfig::Channel {
+                        domain_id,
+                        all_channels,
+                    } = Self::config(alloc, d, ComputeDomainDeviceKind::Channel)?
+                    else {
+                        return Err(Error::InvalidAllocation(format!(
+                            "device {}: not given a channel config",
+                            d.device
+                        )));
+                    };
+                    let nodes = self.channel_numbers(all_channels)?;
+                    holdings.push(Holding::Channel { domain_id });
                     ContainerEdits {
                         device_nodes: nodes
                             .iter()
@@ -249,21 +238,28 @@ impl ComputeDomainState {
                     }
                 }
                 "daemon-0" => {
-                    let c: DaemonConfig = Self::config(alloc, d, "ComputeDomainDaemonConfig")?;
-                    let dir = self.plugin_dir.join("domains").join(&c.domain_id);
+                    let ComputeDomainConfig::Daemon { domain_id } =
+                        Self::config(alloc, d, ComputeDomainDeviceKind::Daemon)?
+                    else {
+                        return Err(Error::InvalidAllocation(format!(
+                            "device {}: not given a daemon config",
+                            d.device
+                        )));
+                    };
+                    let dir = self.plugin_dir.join("domains").join(&domain_id);
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| Error::io("creating the domain directory", &dir, e))?;
                     let cfg = dir.join("imexd.cfg");
                     write_atomic(
                         &cfg,
-                        format!("IMEX_DOMAIN={}\nSERVER_PORT=50000\n", c.domain_id).as_bytes(),
+                        format!("IMEX_DOMAIN={domain_id}\nSERVER_PORT=50000\n").as_bytes(),
                     )
                     .map_err(|e| Error::io("writing", &cfg, e))?;
                     holdings.push(Holding::Daemon {
-                        domain_id: c.domain_id.clone(),
+                        domain_id: domain_id.clone(),
                     });
                     ContainerEdits {
-                        env: vec![format!("COMPUTE_DOMAIN_UUID={}", c.domain_id)],
+                        env: vec![format!("COMPUTE_DOMAIN_UUID={domain_id}")],
                         mounts: vec![Mount {
                             host_path: dir.to_string_lossy().into_owned(),
                             container_path: "/imexd".into(),

@@ -9,6 +9,7 @@ pub mod cli;
 pub mod computedomain;
 pub mod core;
 mod error;
+pub mod gates;
 pub mod grpc;
 pub mod kube;
 pub mod metrics;

@@ -1,5 +1,19 @@
-//! The driver's opaque device configuration (`apiVersion: resource.nvidia.com/v1beta1`), decoded
-//! strictly: unknown kinds and fields are rejected with the path of the offending field.
+//! The driver's opaque device configuration (`apiVersion: resource.nvidia.com/v1beta1`), read the
+//! way NVIDIA's driver reads it, in two steps:
+//!
+//! 1. [`OpaqueConfig::decode`] is the strict decoder every config of the driver goes through
+//!    before any is chosen: `apiVersion` and `kind` must name a config kind, fields are matched
+//!    case-sensitively against NVIDIA's JSON tags, unknown fields and wrong JSON types are
+//!    refused, and errors carry the path of the offending field. Values are not checked yet
+//!    (NVIDIA keeps enumerations as strings), so a config that ends up applying to no device
+//!    never fails on a value.
+//! 2. Once a config is chosen for a device, [`OpaqueConfig::device_config`] (GPU and MIG devices)
+//!    or [`OpaqueConfig::compute_domain_config`] (compute-domain devices) applies NVIDIA's
+//!    `Normalize()` defaults, its `Validate()` rules and the checks its plugin makes when applying
+//!    the config, and returns the effective config ([`DeviceConfig`] / [`ComputeDomainConfig`]).
+//!
+//! The kubelet plugin of both drivers (`gpu.nvidia.com`, `compute-domain.nvidia.com`) decodes
+//! through here. The ComputeDomain controller writes its configs as JSON of the same shape.
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -7,8 +21,432 @@ use serde::{Deserialize, Serialize};
 use crate::gates::FeatureGates;
 use crate::{Error, Result};
 
+pub mod v1beta1;
+
 pub const API_VERSION: &str = "resource.nvidia.com/v1beta1";
 
+/// The kinds of NVIDIA's scheme that are not device configs: the decoder names them as such
+/// rather than calling them unknown.
+const NON_CONFIG_KINDS: &[&str] = &[
+    "ComputeDomain",
+    "ComputeDomainClique",
+    "WatchEvent",
+    "ListOptions",
+    "GetOptions",
+    "DeleteOptions",
+    "CreateOptions",
+    "UpdateOptions",
+    "PatchOptions",
+    "Status",
+    "APIVersions",
+    "APIGroupList",
+    "APIGroup",
+    "APIResourceList",
+];
+
+/// One decoded opaque config, of any kind of the API.
+#[derive(Debug, Clone, PartialEq)]
+pub enum OpaqueConfig {
+    Gpu(v1beta1::GpuConfig),
+    Mig(v1beta1::MigDeviceConfig),
+    Vfio(v1beta1::VfioDeviceConfig),
+    ComputeDomainChannel(v1beta1::ComputeDomainChannelConfig),
+    ComputeDomainDaemon(v1beta1::ComputeDomainDaemonConfig),
+}
+
+/// What kind of `gpu.nvidia.com` device a config may be applied to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Gpu,
+    Mig,
+    Vfio,
+}
+
+/// What kind of `compute-domain.nvidia.com` device a config may be applied to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputeDomainDeviceKind {
+    Channel,
+    Daemon,
+}
+
+fn config_err(path: String, reason: impl Into<String>) -> Error {
+    Error::Config {
+        path,
+        reason: reason.into(),
+    }
+}
+
+impl OpaqueConfig {
+    /// Decodes `opaque.parameters` strictly (see the module docs). `at` names where the parameters
+    /// came from; error paths extend it.
+    pub fn decode(parameters: &serde_json::Value, at: &str) -> Result<Self> {
+        let obj = parameters
+            .as_object()
+            .ok_or_else(|| config_err(at.into(), "parameters must be a JSON object"))?;
+        match obj.get("apiVersion") {
+            Some(serde_json::Value::String(v)) if v == API_VERSION => {}
+            Some(serde_json::Value::String(other)) => {
+                return Err(config_err(
+                    format!("{at}.apiVersion"),
+                    format!("unsupported apiVersion {other:?}, want {API_VERSION:?}"),
+                ));
+            }
+            Some(other) => {
+                return Err(config_err(
+                    format!("{at}.apiVersion"),
+                    format!("must be the string {API_VERSION:?}, not {other}"),
+                ));
+            }
+            None => {
+                return Err(config_err(
+                    format!("{at}.apiVersion"),
+                    format!("required, want {API_VERSION:?}"),
+                ));
+            }
+        }
+        let kind = match obj.get("kind") {
+            Some(serde_json::Value::String(k)) => k.as_str(),
+            Some(other) => {
+                return Err(config_err(
+                    format!("{at}.kind"),
+                    format!("must be a string, not {other}"),
+                ));
+            }
+            None => return Err(config_err(format!("{at}.kind"), "required")),
+        };
+        let mut body = obj.clone();
+        body.remove("apiVersion");
+        body.remove("kind");
+        let body = serde_json::Value::Object(body);
+        fn strict<T: serde::de::DeserializeOwned>(v: serde_json::Value, at: &str) -> Result<T> {
+            serde_path_to_error::deserialize(v).map_err(|e| {
+                let path = e.path().to_string();
+                Error::Config {
+                    path: if path == "." {
+                        at.to_string()
+                    } else {
+                        format!("{at}.{path}")
+                    },
+                    reason: e.into_inner().to_string(),
+                }
+            })
+        }
+        Ok(match kind {
+            "GpuConfig" => OpaqueConfig::Gpu(strict(body, at)?),
+            "MigDeviceConfig" => OpaqueConfig::Mig(strict(body, at)?),
+            "VfioDeviceConfig" => OpaqueConfig::Vfio(strict(body, at)?),
+            "ComputeDomainChannelConfig" => OpaqueConfig::ComputeDomainChannel(strict(body, at)?),
+            "ComputeDomainDaemonConfig" => OpaqueConfig::ComputeDomainDaemon(strict(body, at)?),
+            other if NON_CONFIG_KINDS.contains(&other) => {
+                return Err(config_err(
+                    format!("{at}.kind"),
+                    format!("{other} is not a device configuration"),
+                ));
+            }
+            other => {
+                return Err(config_err(
+                    format!("{at}.kind"),
+                    format!(
+                        "unknown kind {other:?}; want GpuConfig, MigDeviceConfig, VfioDeviceConfig, \
+                         ComputeDomainChannelConfig or ComputeDomainDaemonConfig"
+                    ),
+                ));
+            }
+        })
+    }
+
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            OpaqueConfig::Gpu(_) => "GpuConfig",
+            OpaqueConfig::Mig(_) => "MigDeviceConfig",
+            OpaqueConfig::Vfio(_) => "VfioDeviceConfig",
+            OpaqueConfig::ComputeDomainChannel(_) => "ComputeDomainChannelConfig",
+            OpaqueConfig::ComputeDomainDaemon(_) => "ComputeDomainDaemonConfig",
+        }
+    }
+
+    /// The `gpu.nvidia.com` device kind this config is for (none for compute-domain configs).
+    pub fn device_kind(&self) -> Option<DeviceKind> {
+        match self {
+            OpaqueConfig::Gpu(_) => Some(DeviceKind::Gpu),
+            OpaqueConfig::Mig(_) => Some(DeviceKind::Mig),
+            OpaqueConfig::Vfio(_) => Some(DeviceKind::Vfio),
+            _ => None,
+        }
+    }
+
+    /// The `compute-domain.nvidia.com` device kind this config is for (none for GPU configs).
+    pub fn compute_domain_kind(&self) -> Option<ComputeDomainDeviceKind> {
+        match self {
+            OpaqueConfig::ComputeDomainChannel(_) => Some(ComputeDomainDeviceKind::Channel),
+            OpaqueConfig::ComputeDomainDaemon(_) => Some(ComputeDomainDeviceKind::Daemon),
+            _ => None,
+        }
+    }
+
+    /// The effective config of a GPU, MIG or VFIO device: NVIDIA's `Normalize()`, `Validate()` and
+    /// the checks its plugin makes when applying a config. `at` prefixes error paths.
+    pub fn device_config(&self, gates: &FeatureGates, at: &str) -> Result<DeviceConfig> {
+        match self {
+            OpaqueConfig::Gpu(c) => Ok(DeviceConfig::Gpu(GpuConfig {
+                sharing: c
+                    .sharing
+                    .as_ref()
+                    .map(|s| gpu_sharing(s, gates, at))
+                    .transpose()?,
+            })),
+            OpaqueConfig::Mig(c) => Ok(DeviceConfig::Mig(MigDeviceConfig {
+                sharing: c
+                    .sharing
+                    .as_ref()
+                    .map(|s| mig_sharing(s, gates, at))
+                    .transpose()?,
+            })),
+            OpaqueConfig::Vfio(c) => {
+                if !gates.enabled("PassthroughSupport") {
+                    return Err(config_err(
+                        format!("{at}.kind"),
+                        "VfioDeviceConfig needs the PassthroughSupport feature gate",
+                    ));
+                }
+                let iommu = c.iommu.clone().unwrap_or_default();
+                let backend_policy = match iommu.backend_policy.as_str() {
+                    "" | "LegacyOnly" => IommuBackendPolicy::LegacyOnly,
+                    "PreferIommuFD" => IommuBackendPolicy::PreferIommuFD,
+                    other => {
+                        return Err(config_err(
+                            format!("{at}.iommu.backendPolicy"),
+                            format!(
+                                "unknown IOMMU backend policy {other:?}; supported: LegacyOnly, \
+                                 PreferIommuFD"
+                            ),
+                        ));
+                    }
+                };
+                Ok(DeviceConfig::Vfio(VfioDeviceConfig {
+                    iommu: Some(IommuConfig {
+                        backend_policy: Some(backend_policy),
+                        enable_api_device: Some(iommu.enable_api_device.unwrap_or(false)),
+                    }),
+                }))
+            }
+            other => Err(config_err(
+                format!("{at}.kind"),
+                format!(
+                    "a {} is not a configuration of this driver's devices",
+                    other.kind_name()
+                ),
+            )),
+        }
+    }
+
+    /// The effective config of a compute-domain channel or daemon device. `at` prefixes error paths.
+    pub fn compute_domain_config(&self, at: &str) -> Result<ComputeDomainConfig> {
+        let domain = |id: &str| {
+            if id.is_empty() {
+                Err(config_err(format!("{at}.domainID"), "cannot be empty"))
+            } else {
+                Ok(id.to_string())
+            }
+        };
+        match self {
+            OpaqueConfig::ComputeDomainChannel(c) => Ok(ComputeDomainConfig::Channel {
+                domain_id: domain(&c.domain_id)?,
+                all_channels: c.allocation_mode == "All",
+            }),
+            OpaqueConfig::ComputeDomainDaemon(c) => Ok(ComputeDomainConfig::Daemon {
+                domain_id: domain(&c.domain_id)?,
+            }),
+            other => Err(config_err(
+                format!("{at}.kind"),
+                format!(
+                    "a {} is not a configuration of compute-domain devices",
+                    other.kind_name()
+                ),
+            )),
+        }
+    }
+}
+
+/// The strategy check of NVIDIA's `Validate()`: known, exact spelling, and its gate on.
+fn strategy(s: &str, gates: &FeatureGates, at: &str) -> Result<SharingStrategy> {
+    let (strategy, gate) = match s {
+        "TimeSlicing" => (SharingStrategy::TimeSlicing, "TimeSlicingSettings"),
+        "MPS" => (SharingStrategy::Mps, "MPSSupport"),
+        other => {
+            return Err(config_err(
+                format!("{at}.sharing.strategy"),
+                format!("unknown GPU sharing strategy {other:?}; supported: TimeSlicing, MPS"),
+            ));
+        }
+    };
+    if !gates.enabled(gate) {
+        return Err(config_err(
+            format!("{at}.sharing.strategy"),
+            format!(
+                "{s} is selected as the GPU sharing strategy, but the {gate} feature gate is not enabled"
+            ),
+        ));
+    }
+    Ok(strategy)
+}
+
+fn gpu_sharing(s: &v1beta1::GpuSharing, gates: &FeatureGates, at: &str) -> Result<Sharing> {
+    match strategy(&s.strategy, gates, at)? {
+        SharingStrategy::TimeSlicing => {
+            if s.mps_config.is_some() {
+                return Err(config_err(
+                    format!("{at}.sharing.mpsConfig"),
+                    "cannot be used with the TimeSlicing strategy",
+                ));
+            }
+            let interval = match &s.time_slicing_config {
+                // Normalize(): no timeSlicingConfig means the Default interval.
+                None => TimeSliceInterval::Default,
+                Some(t) => match t.interval.as_deref() {
+                    Some("Default") => TimeSliceInterval::Default,
+                    Some("Short") => TimeSliceInterval::Short,
+                    Some("Medium") => TimeSliceInterval::Medium,
+                    Some("Long") => TimeSliceInterval::Long,
+                    Some(other) => {
+                        return Err(config_err(
+                            format!("{at}.sharing.timeSlicingConfig.interval"),
+                            format!(
+                                "unknown time-slice interval {other:?}; supported: Default, Short, \
+                                 Medium, Long"
+                            ),
+                        ));
+                    }
+                    None => {
+                        return Err(config_err(
+                            format!("{at}.sharing.timeSlicingConfig.interval"),
+                            "required when timeSlicingConfig is given (leave out timeSlicingConfig \
+                             for the Default interval)",
+                        ));
+                    }
+                },
+            };
+            Ok(Sharing {
+                strategy: SharingStrategy::TimeSlicing,
+                time_slicing_config: Some(TimeSlicingConfig {
+                    interval: Some(interval),
+                }),
+                mps_config: None,
+            })
+        }
+        SharingStrategy::Mps => {
+            if s.time_slicing_config.is_some() {
+                return Err(config_err(
+                    format!("{at}.sharing.timeSlicingConfig"),
+                    "cannot be used with the MPS strategy",
+                ));
+            }
+            Ok(Sharing {
+                strategy: SharingStrategy::Mps,
+                time_slicing_config: None,
+                mps_config: Some(mps_config(s.mps_config.as_ref(), at)?),
+            })
+        }
+    }
+}
+
+/// TimeSlicing on a MIG device is accepted and does nothing, whatever else it carries (NVIDIA
+/// neither reads nor checks a MIG device's `mpsConfig` under TimeSlicing).
+fn mig_sharing(s: &v1beta1::MigDeviceSharing, gates: &FeatureGates, at: &str) -> Result<Sharing> {
+    Ok(match strategy(&s.strategy, gates, at)? {
+        SharingStrategy::TimeSlicing => Sharing {
+            strategy: SharingStrategy::TimeSlicing,
+            time_slicing_config: None,
+            mps_config: None,
+        },
+        SharingStrategy::Mps => Sharing {
+            strategy: SharingStrategy::Mps,
+            time_slicing_config: None,
+            mps_config: Some(mps_config(s.mps_config.as_ref(), at)?),
+        },
+    })
+}
+
+/// `MpsConfig.Validate()` plus the limit checks NVIDIA makes when it starts the MPS daemon: each
+/// limit must come to at least one whole MiB.
+fn mps_config(m: Option<&v1beta1::MpsConfig>, at: &str) -> Result<MpsConfig> {
+    let Some(m) = m else {
+        return Ok(MpsConfig::default());
+    };
+    if let Some(p) = m.default_active_thread_percentage {
+        let path = format!("{at}.sharing.mpsConfig.defaultActiveThreadPercentage");
+        if p < 0 {
+            return Err(config_err(path, format!("{p} must not be negative")));
+        }
+        if p > 100 {
+            return Err(config_err(
+                path,
+                format!("{p} must not be greater than 100"),
+            ));
+        }
+    }
+    let limit = |path: String, q: &v1beta1::Quantity| -> Result<String> {
+        let bytes = q
+            .value()
+            .map_err(|_| config_err(path.clone(), format!("{:?} is not a quantity", q.0)))?;
+        if bytes >> 20 <= 0 {
+            return Err(config_err(
+                path,
+                format!("{} is below the 1Mi minimum", q.0),
+            ));
+        }
+        Ok(q.0.clone())
+    };
+    Ok(MpsConfig {
+        default_active_thread_percentage: m.default_active_thread_percentage,
+        default_pinned_device_memory_limit: m
+            .default_pinned_device_memory_limit
+            .as_ref()
+            .map(|q| {
+                limit(
+                    format!("{at}.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit"),
+                    q,
+                )
+            })
+            .transpose()?,
+        default_per_device_pinned_memory_limit: m
+            .default_per_device_pinned_memory_limit
+            .as_ref()
+            .map(|per| {
+                per.iter()
+                    .map(|(dev, q)| {
+                        Ok((
+                            dev.clone(),
+                            limit(
+                                format!(
+                                    "{at}.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{dev}]"
+                                ),
+                                q,
+                            )?,
+                        ))
+                    })
+                    .collect::<Result<BTreeMap<_, _>>>()
+            })
+            .transpose()?,
+        multi_user: m.multi_user,
+    })
+}
+
+/// The effective config of a compute-domain device.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ComputeDomainConfig {
+    Channel {
+        domain_id: String,
+        /// `allocationMode: All`: every IMEX channel instead of channel 0.
+        all_channels: bool,
+    },
+    Daemon {
+        domain_id: String,
+    },
+}
+
+/// The effective, normalized and validated config of a GPU, MIG or VFIO device (what prepare acts
+/// on and what the checkpoint records for shared devices).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind")]
 pub enum DeviceConfig {
@@ -42,11 +480,19 @@ pub struct VfioDeviceConfig {
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[serde(deny_unknown_fields)]
 pub struct IommuConfig {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "backendPolicy",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub backend_policy: Option<IommuBackendPolicy>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "enableAPIDevice",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     pub enable_api_device: Option<bool>,
 }
 
@@ -89,6 +535,7 @@ pub enum TimeSliceInterval {
     Long,
 }
 
+/// Limits are quantity strings that passed [`OpaqueConfig::device_config`] (at least 1Mi each).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct MpsConfig {
@@ -103,72 +550,7 @@ pub struct MpsConfig {
     pub multi_user: Option<bool>,
 }
 
-/// What kind of device a config may be applied to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DeviceKind {
-    Gpu,
-    Mig,
-    Vfio,
-}
-
 impl DeviceConfig {
-    /// Decodes `opaque.parameters`. `at` names where the parameters came from, for error paths.
-    pub fn decode(parameters: &serde_json::Value, at: &str) -> Result<Self> {
-        let err = |path: String, reason: String| Error::Config { path, reason };
-        let obj = parameters
-            .as_object()
-            .ok_or_else(|| err(at.into(), "parameters must be an object".into()))?;
-        match obj.get("apiVersion").and_then(|v| v.as_str()) {
-            Some(API_VERSION) => {}
-            Some(other) => {
-                return Err(err(
-                    format!("{at}.apiVersion"),
-                    format!("unsupported apiVersion {other:?}, want {API_VERSION:?}"),
-                ));
-            }
-            None => {
-                return Err(err(
-                    format!("{at}.apiVersion"),
-                    format!("required, want {API_VERSION:?}"),
-                ));
-            }
-        }
-        let kind = obj
-            .get("kind")
-            .and_then(|v| v.as_str())
-            .ok_or_else(|| err(format!("{at}.kind"), "required".into()))?;
-        let mut body = obj.clone();
-        body.remove("apiVersion");
-        body.remove("kind");
-        let body = serde_json::Value::Object(body);
-        fn strict<T: serde::de::DeserializeOwned>(v: serde_json::Value, at: &str) -> Result<T> {
-            serde_path_to_error::deserialize(v).map_err(|e| {
-                let path = e.path().to_string();
-                Error::Config {
-                    path: if path == "." {
-                        at.to_string()
-                    } else {
-                        format!("{at}.{path}")
-                    },
-                    reason: e.into_inner().to_string(),
-                }
-            })
-        }
-        Ok(match kind {
-            "GpuConfig" => DeviceConfig::Gpu(strict(body, at)?),
-            "MigDeviceConfig" => DeviceConfig::Mig(strict(body, at)?),
-            "VfioDeviceConfig" => DeviceConfig::Vfio(strict(body, at)?),
-            other => {
-                return Err(err(
-                    format!("{at}.kind"),
-                    format!(
-                        "unknown kind {other:?}; want GpuConfig, MigDeviceConfig or VfioDeviceConfig"
-                    ),
-                ));
-            }
-        })
-    }
-
     pub fn kind(&self) -> DeviceKind {
         match self {
             DeviceConfig::Gpu(_) => DeviceKind::Gpu,
@@ -194,7 +576,9 @@ impl DeviceConfig {
         }
     }
 
-    /// Fills implied defaults so equal intents compare equal.
+    /// Fills implied defaults so equal intents compare equal (configs from
+    /// [`OpaqueConfig::device_config`] are already normalized; this is for built-in defaults and
+    /// configs read back from a checkpoint).
     ///
     /// TimeSlicing on a MIG device is accepted and does nothing (as NVIDIA's driver): MIG devices
     /// have no time slice, so no `timeSlicingConfig` is filled in for them.
@@ -227,238 +611,7 @@ impl DeviceConfig {
             }
         }
     }
-
-    /// Checks values and that the chosen strategy's feature gate is on. `at` prefixes error paths.
-    pub fn validate(&self, gates: &FeatureGates, at: &str) -> Result<()> {
-        let err = |path: &str, reason: String| Error::Config {
-            path: format!("{at}.{path}"),
-            reason,
-        };
-        if matches!(self, DeviceConfig::Vfio(_)) && !gates.enabled("PassthroughSupport") {
-            return Err(err(
-                "kind",
-                "VfioDeviceConfig needs the PassthroughSupport feature gate".into(),
-            ));
-        }
-        let Some(s) = self.sharing() else {
-            return Ok(());
-        };
-        match s.strategy {
-            SharingStrategy::TimeSlicing => {
-                if !gates.enabled("TimeSlicingSettings") {
-                    return Err(err(
-                        "sharing.strategy",
-                        "TimeSlicing needs the TimeSlicingSettings feature gate".into(),
-                    ));
-                }
-                if s.mps_config.is_some() {
-                    return Err(err(
-                        "sharing.mpsConfig",
-                        "only allowed with strategy MPS".into(),
-                    ));
-                }
-                if matches!(self, DeviceConfig::Mig(_)) && s.time_slicing_config.is_some() {
-                    return Err(err(
-                        "sharing.timeSlicingConfig",
-                        "MIG devices cannot change their time slice".into(),
-                    ));
-                }
-            }
-            SharingStrategy::Mps => {
-                if !gates.enabled("MPSSupport") {
-                    return Err(err(
-                        "sharing.strategy",
-                        "MPS needs the MPSSupport feature gate".into(),
-                    ));
-                }
-                if s.time_slicing_config.is_some() {
-                    return Err(err(
-                        "sharing.timeSlicingConfig",
-                        "only allowed with strategy TimeSlicing".into(),
-                    ));
-                }
-                if let Some(m) = &s.mps_config {
-                    if let Some(p) = m.default_active_thread_percentage
-                        && !(0..=100).contains(&p)
-                    {
-                        return Err(err(
-                            "sharing.mpsConfig.defaultActiveThreadPercentage",
-                            format!("{p} is not within 0..100"),
-                        ));
-                    }
-                    let check = |path: String, q: &str| -> Result<()> {
-                        let bytes = crate::quantity::parse_int(q)
-                            .map_err(|_| err(&path, format!("{q:?} is not a quantity")))?;
-                        if bytes < 1 << 20 {
-                            return Err(err(&path, format!("{q} is below the 1Mi minimum")));
-                        }
-                        Ok(())
-                    };
-                    if let Some(q) = &m.default_pinned_device_memory_limit {
-                        check("sharing.mpsConfig.defaultPinnedDeviceMemoryLimit".into(), q)?;
-                    }
-                    for (dev, q) in m.default_per_device_pinned_memory_limit.iter().flatten() {
-                        check(
-                            format!("sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{dev}]"),
-                            q,
-                        )?;
-                    }
-                }
-            }
-        }
-        Ok(())
-    }
 }
 
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn gates(s: &str) -> FeatureGates {
-        FeatureGates::parse(s).unwrap()
-    }
-
-    #[test]
-    fn decodes_each_kind() {
-        let c = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}), "p").unwrap();
-        let s = c.sharing().unwrap();
-        assert_eq!(s.strategy, SharingStrategy::TimeSlicing);
-        assert_eq!(
-            s.time_slicing_config.as_ref().unwrap().interval,
-            Some(TimeSliceInterval::Short)
-        );
-        let c = DeviceConfig::decode(
-            &json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig"}),
-            "p",
-        )
-        .unwrap();
-        assert_eq!(c.kind(), DeviceKind::Mig);
-        let c = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "PreferIommuFD"}}), "p").unwrap();
-        assert_eq!(c.kind(), DeviceKind::Vfio);
-    }
-
-    #[test]
-    fn errors_name_the_field() {
-        let cases = [
-            (json!({"kind": "GpuConfig"}), "p.apiVersion"),
-            (
-                json!({"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"}),
-                "p.apiVersion",
-            ),
-            (json!({"apiVersion": API_VERSION}), "p.kind"),
-            (
-                json!({"apiVersion": API_VERSION, "kind": "TpuConfig"}),
-                "p.kind",
-            ),
-            (
-                json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharng": {}}),
-                "p.sharng",
-            ),
-            (
-                json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}}),
-                "p.sharing.strategy",
-            ),
-            (
-                json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {"bogus": 1}}}),
-                "p.sharing.mpsConfig.bogus",
-            ),
-            (
-                json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Forever"}}}),
-                "p.sharing.timeSlicingConfig.interval",
-            ),
-            (json!([1]), "p"),
-        ];
-        for (input, path) in cases {
-            match DeviceConfig::decode(&input, "p") {
-                Err(Error::Config { path: got, reason }) => {
-                    assert_eq!(got, path, "{input} -> {reason}")
-                }
-                other => panic!("{input}: {other:?}"),
-            }
-        }
-        let e = DeviceConfig::decode(
-            &json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharng": {}}),
-            "p",
-        )
-        .unwrap_err()
-        .to_string();
-        assert!(e.contains("sharng"), "{e}");
-    }
-
-    #[test]
-    fn validation_checks_gates_and_values() {
-        let ts = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}), "p").unwrap();
-        let e = ts.validate(&gates(""), "p").unwrap_err().to_string();
-        assert!(
-            e.contains("TimeSlicingSettings") && e.contains("p.sharing.strategy"),
-            "{e}"
-        );
-        ts.validate(&gates("TimeSlicingSettings=true"), "p")
-            .unwrap();
-
-        let mps = |cfg: serde_json::Value| {
-            DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": cfg}}), "p").unwrap()
-        };
-        let on = gates("MPSSupport=true");
-        assert!(
-            mps(json!({}))
-                .validate(&gates(""), "p")
-                .unwrap_err()
-                .to_string()
-                .contains("MPSSupport")
-        );
-        mps(json!({"defaultActiveThreadPercentage": 50, "defaultPinnedDeviceMemoryLimit": "10Gi"}))
-            .validate(&on, "p")
-            .unwrap();
-        let e = mps(json!({"defaultActiveThreadPercentage": 150}))
-            .validate(&on, "p")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("defaultActiveThreadPercentage"), "{e}");
-        let e = mps(json!({"defaultPinnedDeviceMemoryLimit": "10Ki"}))
-            .validate(&on, "p")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("1Mi"), "{e}");
-        let e = mps(json!({"defaultPerDevicePinnedMemoryLimit": {"0": "lots"}}))
-            .validate(&on, "p")
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("defaultPerDevicePinnedMemoryLimit[0]"), "{e}");
-    }
-
-    #[test]
-    fn normalize_makes_equal_intents_equal() {
-        let mut a = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}), "p").unwrap();
-        let mut b = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Default"}}}), "p").unwrap();
-        a.normalize();
-        b.normalize();
-        assert_eq!(a, b);
-    }
-
-    #[test]
-    fn time_slicing_on_mig_is_an_accepted_no_op_but_an_interval_is_refused() {
-        let on = gates("TimeSlicingSettings=true");
-        let mut c = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing"}}), "p").unwrap();
-        c.normalize();
-        assert_eq!(c.sharing().unwrap().time_slicing_config, None);
-        c.validate(&on, "p").unwrap();
-        let mut c = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "MigDeviceConfig", "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {"interval": "Short"}}}), "p").unwrap();
-        c.normalize();
-        let e = c.validate(&on, "p").unwrap_err().to_string();
-        assert!(e.contains("p.sharing.timeSlicingConfig"), "{e}");
-        let mut gpu = DeviceConfig::decode(&json!({"apiVersion": API_VERSION, "kind": "GpuConfig", "sharing": {"strategy": "TimeSlicing"}}), "p").unwrap();
-        gpu.normalize();
-        assert_eq!(
-            gpu.sharing()
-                .unwrap()
-                .time_slicing_config
-                .as_ref()
-                .unwrap()
-                .interval,
-            Some(TimeSliceInterval::Default)
-        );
-    }
-}
+mod tests;

@@ -212,9 +212,13 @@ async fn bad_configs_are_per_claim_errors_naming_the_field() {
                 "c",
                 "channel-0",
                 "ComputeDomainChannelConfig",
-                json!({"domainID": "x", "allocationMode": "Some"}),
+                json!({"domainID": ""}),
             ),
-            "Some",
+            "config[0].opaque.parameters.domainID",
+        ),
+        (
+            claim("e", "channel-0", "GpuConfig", json!({})),
+            "config[0].opaque.parameters.kind",
         ),
         (
             claim(
@@ -231,4 +235,116 @@ async fn bad_configs_are_per_claim_errors_naming_the_field() {
         assert!(e.contains(want), "{}: {e}", c.claim.uid);
     }
     assert!(f.state.checkpoint().claims().is_empty());
+}
+
+#[tokio::test]
+async fn allocation_mode_is_read_as_nvidia_reads_it() {
+    let f = fixture();
+    // Only the exact spelling `All` injects every channel; any other value is one channel.
+    for (uid, mode, want) in [
+        ("m1", json!("All"), 3),
+        ("m2", json!("all"), 1),
+        ("m3", json!("Single"), 1),
+        ("m4", json!("whatever"), 1),
+        ("m5", json!(null), 1),
+    ] {
+        f.state
+            .prepare(&claim(
+                uid,
+                "channel-0",
+                "ComputeDomainChannelConfig",
+                json!({"domainID": "d-1", "allocationMode": mode}),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(
+            spec(&f, uid).devices[0].container_edits.device_nodes.len(),
+            want,
+            "{mode}"
+        );
+        f.state.unprepare(uid).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn configs_are_chosen_and_checked_as_nvidia_does() {
+    let f = fixture();
+    let entry = |requests: &[&str], kind: &str, body: serde_json::Value, i: usize| {
+        let mut p = body;
+        p["apiVersion"] = json!("resource.nvidia.com/v1beta1");
+        p["kind"] = json!(kind);
+        ConfigEntry {
+            source: ConfigSource::Claim,
+            requests: requests.iter().map(|r| r.to_string()).collect(),
+            parameters: p,
+            path: format!("config[{i}].opaque.parameters"),
+        }
+    };
+    let with = |uid: &str, configs: Vec<ConfigEntry>| {
+        let mut c = claim(uid, "channel-0", "ComputeDomainChannelConfig", json!({}));
+        c.configs = configs;
+        c
+    };
+    // A request-less daemon config does not apply to a channel; the channel config below it does.
+    f.state
+        .prepare(&with(
+            "p1",
+            vec![
+                entry(
+                    &[],
+                    "ComputeDomainChannelConfig",
+                    json!({"domainID": "d-1"}),
+                    0,
+                ),
+                entry(
+                    &[],
+                    "ComputeDomainDaemonConfig",
+                    json!({"domainID": "d-9"}),
+                    1,
+                ),
+            ],
+        ))
+        .await
+        .unwrap();
+    f.state.unprepare("p1").await.unwrap();
+    let refused = [
+        // Naming the channel's request with a daemon config.
+        (
+            with(
+                "p2",
+                vec![entry(
+                    &["channel"],
+                    "ComputeDomainDaemonConfig",
+                    json!({"domainID": "d-1"}),
+                    0,
+                )],
+            ),
+            "config[0].opaque.parameters",
+        ),
+        // A malformed config that applies to no device still fails the claim.
+        (
+            with(
+                "p3",
+                vec![
+                    entry(
+                        &[],
+                        "ComputeDomainChannelConfig",
+                        json!({"domainID": "d-1"}),
+                        0,
+                    ),
+                    entry(
+                        &["other"],
+                        "ComputeDomainChannelConfig",
+                        json!({"domainID": "d-1", "mode": "All"}),
+                        1,
+                    ),
+                ],
+            ),
+            "config[1].opaque.parameters.mode",
+        ),
+    ];
+    for (c, want) in refused {
+        let e = f.state.prepare(&c).await.unwrap_err().to_string();
+        assert!(e.contains(want), "{}: {e}", c.claim.uid);
+    }
 }

@@ -1,14 +1,38 @@
 //! Which opaque config applies to which allocated device, NVIDIA's precedence rules.
 //!
-//! Built-in defaults first, then class configs, then claim configs (the allocation lists them in
-//! that order); for each device the last matching entry wins. An entry naming requests matches
-//! the request (`gpu`) or the exact subrequest (`gpu/mig-slice`); an entry without requests
-//! applies to every device of its kind.
-use gpu_dra_api::config::{DeviceConfig, DeviceKind};
+//! Every config of this driver is decoded strictly first (a malformed one fails the claim even if
+//! it applies to no device, as in NVIDIA's driver). Built-in defaults come first, then class
+//! configs, then claim configs; for each device the last matching entry wins. An entry naming
+//! requests matches the request (`gpu`) or the exact subrequest (`gpu/mig-slice`) and must be of
+//! the device's kind; an entry without requests applies to every device of its kind. The chosen
+//! config is then normalized and validated ([`OpaqueConfig::device_config`]).
+//!
+//! One deliberate difference: NVIDIA's driver matches a named request only against the
+//! allocation result's exact request name, so a config naming `gpu` does not reach a device
+//! allocated for the subrequest `gpu/mig-slice`; here it does, as the DRA API documents.
+use gpu_dra_api::config::{DeviceConfig, DeviceKind, OpaqueConfig};
 use gpu_dra_api::gates::FeatureGates;
 
-use super::types::{AllocatedDevice, ConfigEntry};
+use super::types::{AllocatedDevice, ConfigEntry, ConfigSource};
 use crate::Error;
+
+/// Decodes every config entry, class configs before claim configs (stable within each).
+pub fn decode_all(configs: &[ConfigEntry]) -> Result<Vec<(&ConfigEntry, OpaqueConfig)>, Error> {
+    let class = configs.iter().filter(|c| c.source == ConfigSource::Class);
+    let claim = configs.iter().filter(|c| c.source == ConfigSource::Claim);
+    class
+        .chain(claim)
+        .map(|e| Ok((e, OpaqueConfig::decode(&e.parameters, &e.path)?)))
+        .collect()
+}
+
+/// Whether an entry names the device's request (or its main request).
+pub fn names_request(entry: &ConfigEntry, device: &AllocatedDevice) -> bool {
+    entry
+        .requests
+        .iter()
+        .any(|r| r == &device.request || r == device.base_request())
+}
 
 pub fn resolve(
     device: &AllocatedDevice,
@@ -27,38 +51,34 @@ pub fn resolve_with_source(
     configs: &[ConfigEntry],
     gates: &FeatureGates,
 ) -> Result<(DeviceConfig, String), Error> {
-    let mut chosen = DeviceConfig::default_for(kind);
-    let mut chosen_at = String::from("built-in default");
-    for entry in configs {
-        let named = !entry.requests.is_empty();
-        if named
-            && !entry
-                .requests
-                .iter()
-                .any(|r| r == &device.request || r == device.base_request())
-        {
-            continue;
-        }
-        let config = DeviceConfig::decode(&entry.parameters, &entry.path)?;
-        if config.kind() != kind {
-            if named {
+    let decoded = decode_all(configs)?;
+    // From the highest precedence down; the first entry that applies wins.
+    for (entry, config) in decoded.iter().rev() {
+        if !entry.requests.is_empty() {
+            if !names_request(entry, device) {
+                continue;
+            }
+            if config.device_kind() != Some(kind) {
                 return Err(Error::InvalidAllocation(format!(
-                    "{}: a {:?} config cannot apply to {} ({:?} device) of request {}",
+                    "{}: a {} cannot apply to {} ({:?} device) of request {}",
                     entry.path,
-                    config.kind(),
+                    config.kind_name(),
                     device.device,
                     kind,
                     device.request
                 )));
             }
+        } else if config.device_kind() != Some(kind) {
             continue;
         }
-        chosen = config;
-        chosen_at = entry.path.clone();
+        return Ok((
+            config.device_config(gates, &entry.path)?,
+            entry.path.clone(),
+        ));
     }
-    chosen.normalize();
-    chosen.validate(gates, &chosen_at)?;
-    Ok((chosen, chosen_at))
+    let mut default = DeviceConfig::default_for(kind);
+    default.normalize();
+    Ok((default, String::from("built-in default")))
 }
 
 #[cfg(test)]
@@ -221,5 +241,117 @@ mod tests {
         .unwrap_err()
         .to_string();
         assert!(e.contains("sharing.bogus"), "{e}");
+    }
+
+    #[test]
+    fn every_config_is_decoded_even_one_that_applies_to_no_device() {
+        let gates = FeatureGates::parse("TimeSlicingSettings=true").unwrap();
+        let mut other = entry(
+            ConfigSource::Claim,
+            &["other"],
+            "GpuConfig",
+            "Short",
+            "claim[1]",
+        );
+        other.parameters["sharing"]["timeslicingconfig"] = json!({});
+        let configs = [
+            entry(
+                ConfigSource::Claim,
+                &["gpu"],
+                "GpuConfig",
+                "Long",
+                "claim[0]",
+            ),
+            other.clone(),
+        ];
+        let e = resolve(&dev("gpu"), DeviceKind::Gpu, &configs, &gates)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("claim[1].sharing.timeslicingconfig"), "{e}");
+        // A value error in a config that applies to nothing is not checked (NVIDIA validates only
+        // the configs it applies).
+        let mut unused = other;
+        unused.parameters = json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig", "sharing": {"strategy": "Sometimes"}});
+        let configs = [
+            entry(
+                ConfigSource::Claim,
+                &["gpu"],
+                "GpuConfig",
+                "Long",
+                "claim[0]",
+            ),
+            unused,
+        ];
+        assert_eq!(
+            interval(&resolve(&dev("gpu"), DeviceKind::Gpu, &configs, &gates).unwrap()),
+            "Long"
+        );
+    }
+
+    #[test]
+    fn class_configs_rank_below_claim_configs_wherever_they_are_listed() {
+        let gates = FeatureGates::parse("TimeSlicingSettings=true").unwrap();
+        let configs = [
+            entry(ConfigSource::Claim, &[], "GpuConfig", "Short", "claim[0]"),
+            entry(ConfigSource::Class, &[], "GpuConfig", "Long", "class[0]"),
+        ];
+        let (c, at) = resolve_with_source(&dev("gpu"), DeviceKind::Gpu, &configs, &gates).unwrap();
+        assert_eq!((interval(&c).as_str(), at.as_str()), ("Short", "claim[0]"));
+    }
+
+    #[test]
+    fn a_higher_ranked_match_hides_a_lower_ranked_misfit() {
+        let gates = FeatureGates::parse("TimeSlicingSettings=true").unwrap();
+        let mut mig = entry(
+            ConfigSource::Claim,
+            &["gpu"],
+            "MigDeviceConfig",
+            "Long",
+            "claim[0]",
+        );
+        mig.parameters =
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "MigDeviceConfig"});
+        let configs = [
+            mig,
+            entry(
+                ConfigSource::Claim,
+                &["gpu"],
+                "GpuConfig",
+                "Short",
+                "claim[1]",
+            ),
+        ];
+        assert_eq!(
+            interval(&resolve(&dev("gpu"), DeviceKind::Gpu, &configs, &gates).unwrap()),
+            "Short"
+        );
+        let swapped = [configs[1].clone(), configs[0].clone()];
+        assert!(resolve(&dev("gpu"), DeviceKind::Gpu, &swapped, &gates).is_err());
+    }
+
+    #[test]
+    fn compute_domain_configs_under_this_driver() {
+        let cd = |requests: &[&str]| ConfigEntry {
+            source: ConfigSource::Claim,
+            requests: requests.iter().map(|r| r.to_string()).collect(),
+            parameters: json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig", "domainID": "d"}),
+            path: "claim[0]".into(),
+        };
+        let gates = FeatureGates::default();
+        // Without requests it applies to no GPU device and is skipped.
+        assert!(
+            resolve(&dev("gpu"), DeviceKind::Gpu, &[cd(&[])], &gates)
+                .unwrap()
+                .sharing()
+                .is_none()
+        );
+        // Naming a GPU request, it is refused.
+        let e = resolve(&dev("gpu"), DeviceKind::Gpu, &[cd(&["gpu"])], &gates)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("ComputeDomainChannelConfig") && e.contains("claim[0]"),
+            "{e}"
+        );
     }
 }

@@ -18,7 +18,7 @@ use crate::backend::{ComputeMode, DeviceBackend};
 
 use super::sharing;
 
-use sharing::mps::{MpsDaemon, pinned_limits};
+use sharing::mps::{MpsDaemon, multi_user_capable, pinned_limits};
 use sharing::runner::{DaemonHandle, MpsControlRunner, ProcessRunner, StandInRunner};
 use sharing::{GpuSharingState, SharingStateFile, time_slice_conflict};
 
@@ -383,7 +383,7 @@ impl DeviceState {
             match serde_json::from_value::<HardwareChange>(change.clone()) {
                 Ok(c) => changes.push(c),
                 Err(_) => {
-                    warn!(claim_uid = uid, change = %change, "ignoring a hardware change this version does not know")
+                    warn!(claimUID = uid, change = %change, "ignoring a hardware change this version does not know")
                 }
             }
         }
@@ -477,7 +477,7 @@ impl DeviceState {
                     .await
                     .map_err(|e| Error::Device(format!("time slice task: {e}")))??;
                     info!(
-                        claim_uid = uid,
+                        claimUID = uid,
                         gpu_minor = minor,
                         "time slice reset to Default"
                     );
@@ -513,7 +513,7 @@ impl DeviceState {
             .await
             .map_err(|e| Error::Device(format!("compute mode task: {e}")))??;
         }
-        info!(claim_uid = %daemon.claim_uid, "MPS control daemon stopped");
+        info!(claimUID = %daemon.claim_uid, "MPS control daemon stopped");
         Ok(())
     }
 
@@ -537,9 +537,10 @@ impl DeviceState {
             device_uuids: Vec::new(),
             active_thread_percentage: None,
             pinned_limits_mib: Vec::new(),
+            multi_user: false,
         };
         warn!(
-            claim_uid = uid,
+            claimUID = uid,
             "removing MPS directories (and daemon) no record describes"
         );
         self.stop_mps(&daemon, None).await
@@ -833,6 +834,20 @@ impl DeviceState {
                 minors.push(g.minor);
             }
         }
+        let multi_user = config.multi_user.unwrap_or(false);
+        if multi_user {
+            for p in &mps {
+                if let Target::Gpu(g) = &p.target
+                    && !multi_user_capable(&g.cuda_compute_capability)
+                {
+                    return Err(Error::Unsupported(format!(
+                        "{}.sharing.mpsConfig.multiUser: multi-user MPS needs CUDA compute \
+                         capability 7.0 or newer; {} ({}) has {:?}",
+                        first.config_at, p.alloc.device, g.uuid, g.cuda_compute_capability
+                    )));
+                }
+            }
+        }
         let complete = uuids.len() == mps.len();
         Ok(Some(MpsDaemon {
             claim_uid: claim.uid.clone(),
@@ -845,6 +860,7 @@ impl DeviceState {
             },
             device_uuids: uuids,
             active_thread_percentage: config.default_active_thread_percentage,
+            multi_user,
         }))
     }
 
@@ -960,7 +976,7 @@ impl DeviceState {
                         .await
                         .map_err(|e| Error::Device(format!("time slice task: {e}")))?;
                         if let Err(e) = res {
-                            warn!(claim_uid = %uid, gpu_minor, error = %e, "could not restore the time slice");
+                            warn!(claimUID = %uid, gpu_minor, error = %e, "could not restore the time slice");
                         }
                     }
                     Ok(HardwareChange::Mps { daemon, handle }) => {
@@ -975,12 +991,12 @@ impl DeviceState {
                         .map_err(|e| Error::Device(format!("MPS lookup task: {e}")))?;
                         let new_handle = match live {
                             Some(h) => {
-                                info!(claim_uid = %uid, pid = h.pid, "re-adopted a running MPS control daemon");
+                                info!(claimUID = %uid, pid = h.pid, "re-adopted a running MPS control daemon");
                                 adopted += 1;
                                 h
                             }
                             None => {
-                                warn!(claim_uid = %uid, "the MPS control daemon of a prepared claim is gone; starting it again");
+                                warn!(claimUID = %uid, "the MPS control daemon of a prepared claim is gone; starting it again");
                                 for &minor in &daemon.gpu_minors {
                                     let backend = self.backend.clone();
                                     tokio::task::spawn_blocking(move || {
@@ -1170,7 +1186,7 @@ impl DeviceState {
         let mut adopted = Vec::new();
         for uid in self.cdi.claim_uids() {
             let Some(spec) = self.cdi.read(&uid).ok().flatten() else {
-                warn!(claim_uid = %uid, "unreadable CDI spec; removing it");
+                warn!(claimUID = %uid, "unreadable CDI spec; removing it");
                 self.cdi.remove(&uid)?;
                 continue;
             };
@@ -1184,7 +1200,7 @@ impl DeviceState {
                 .get(super::cdi::ANNOTATION_DEVICES)
                 .and_then(|d| serde_json::from_str(d).ok());
             let (Some((namespace, name)), Some(devices)) = (key.split_once('/'), devices) else {
-                warn!(claim_uid = %uid, "CDI spec lacks claim annotations; removing it");
+                warn!(claimUID = %uid, "CDI spec lacks claim annotations; removing it");
                 self.cdi.remove(&uid)?;
                 continue;
             };

@@ -60,6 +60,10 @@ pub struct MpsDaemon {
     /// Pinned device memory limit per device UUID, in MiB.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned_limits_mib: Vec<(String, u64)>,
+    /// `mpsConfig.multiUser`: the daemon runs in multi-user mode (`-M`), so clients running as
+    /// other users can connect.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub multi_user: bool,
 }
 
 impl MpsDaemon {
@@ -169,23 +173,39 @@ impl MpsDaemon {
     }
 }
 
-/// Per-device pinned memory limits: the default for every device, then the per-device entries
-/// (keyed by the device's index in the claim's MPS devices, or by its UUID). Limits are whole MiB.
-/// `at` is the config's path, for errors.
+/// Whether a GPU of this CUDA compute capability (`major.minor`) can serve multi-user MPS: Volta
+/// (7.0) or newer, as NVIDIA's driver requires.
+pub fn multi_user_capable(cuda_compute_capability: &str) -> bool {
+    let mut parts = cuda_compute_capability
+        .split('.')
+        .map(|p| p.parse::<u32>().ok());
+    match (parts.next().flatten(), parts.next().unwrap_or(Some(0))) {
+        (Some(major), Some(minor)) => (major, minor) >= (7, 0),
+        _ => false,
+    }
+}
+
+/// Per-device pinned memory limits: the default for every device, then the per-device entries,
+/// keyed by a device's UUID or by its index among the daemon's devices sorted by UUID (what
+/// NVIDIA's driver indexes). Limits are whole MiB (a quantity's value rounded up to bytes, then
+/// down to MiB). `at` is the config's path, for errors.
 pub fn pinned_limits(
     config: &MpsConfig,
     uuids: &[String],
     at: &str,
 ) -> Result<Vec<(String, u64)>, Error> {
+    let config_err =
+        |path: String, reason: String| Error::Model(gpu_dra_api::Error::Config { path, reason });
     let mib = |q: &str, path: String| -> Result<u64, Error> {
-        let bytes = gpu_dra_api::quantity::parse_int(q).map_err(|_| {
-            Error::Model(gpu_dra_api::Error::Config {
-                path: path.clone(),
-                reason: format!("{q:?} is not a quantity"),
-            })
-        })?;
+        let bytes = gpu_dra_api::quantity::value(q)
+            .map_err(|_| config_err(path.clone(), format!("{q:?} is not a quantity")))?;
+        if bytes < 1 << 20 {
+            return Err(config_err(path, format!("{q} is below the 1Mi minimum")));
+        }
         Ok(u64::try_from(bytes >> 20).unwrap_or(u64::MAX))
     };
+    let mut sorted: Vec<&String> = uuids.iter().collect();
+    sorted.sort();
     let mut limits: Vec<(String, u64)> = Vec::new();
     if let Some(q) = &config.default_pinned_device_memory_limit {
         let v = mib(
@@ -200,19 +220,25 @@ pub fn pinned_limits(
         .flatten()
     {
         let path = format!("{at}.sharing.mpsConfig.defaultPerDevicePinnedMemoryLimit[{key}]");
-        let uuid = match key.parse::<usize>() {
-            Ok(i) => uuids.get(i).cloned(),
-            Err(_) => uuids.iter().find(|u| *u == key).cloned(),
-        }
-        .ok_or_else(|| {
-            Error::Model(gpu_dra_api::Error::Config {
-                path: path.clone(),
-                reason: format!(
-                    "{key:?} is neither the index (0..{}) nor the UUID of one of the claim's MPS devices",
-                    uuids.len()
-                ),
+        // A UUID first, then an integer as Go's strconv.Atoi reads it (sign allowed).
+        let uuid = uuids
+            .iter()
+            .find(|u| *u == key)
+            .or_else(|| {
+                let i = key.parse::<i64>().ok()?;
+                sorted.get(usize::try_from(i).ok()?).copied()
             })
-        })?;
+            .cloned()
+            .ok_or_else(|| {
+                config_err(
+                    path.clone(),
+                    format!(
+                        "{key:?} is neither the index (0..{}) nor the UUID of one of the claim's \
+                         MPS devices",
+                        uuids.len()
+                    ),
+                )
+            })?;
         let v = mib(q, path)?;
         match limits.iter_mut().find(|(u, _)| *u == uuid) {
             Some(l) => l.1 = v,
@@ -236,6 +262,7 @@ mod tests {
             device_uuids: vec!["GPU-a".into(), "GPU-b".into()],
             active_thread_percentage: Some(50),
             pinned_limits_mib: vec![("GPU-a".into(), 1024), ("GPU-b".into(), 512)],
+            multi_user: false,
         }
     }
 
@@ -268,6 +295,51 @@ mod tests {
         assert_eq!(env["CUDA_VISIBLE_DEVICES"], "GPU-a,GPU-b");
         assert_eq!(env["CUDA_MPS_PIPE_DIRECTORY"], "/plugin/mps/u1/pipe");
         assert_eq!(env["CUDA_MPS_LOG_DIRECTORY"], "/plugin/mps/u1/log");
+    }
+
+    #[test]
+    fn multi_user_needs_volta_or_newer() {
+        for cc in ["7.0", "7.5", "8.0", "9.0", "10.0", "12.1", "7"] {
+            assert!(multi_user_capable(cc), "{cc}");
+        }
+        for cc in ["6.1", "5.2", "", "x.y", "6"] {
+            assert!(!multi_user_capable(cc), "{cc}");
+        }
+    }
+
+    #[test]
+    fn per_device_indexes_count_in_uuid_order_and_read_like_go_atoi() {
+        // Allocation order differs from UUID order: index 0 is the smallest UUID.
+        let uuids = vec!["GPU-b".to_string(), "GPU-a".to_string()];
+        for (key, want) in [
+            ("0", "GPU-a"),
+            ("+1", "GPU-b"),
+            ("-0", "GPU-a"),
+            ("01", "GPU-b"),
+        ] {
+            let cfg = MpsConfig {
+                default_per_device_pinned_memory_limit: Some(BTreeMap::from([(
+                    key.to_string(),
+                    "1Gi".to_string(),
+                )])),
+                ..Default::default()
+            };
+            assert_eq!(
+                pinned_limits(&cfg, &uuids, "p").unwrap(),
+                [(want.to_string(), 1024)],
+                "{key}"
+            );
+        }
+        for key in ["-1", "2", " 0", "0x0"] {
+            let cfg = MpsConfig {
+                default_per_device_pinned_memory_limit: Some(BTreeMap::from([(
+                    key.to_string(),
+                    "1Gi".to_string(),
+                )])),
+                ..Default::default()
+            };
+            assert!(pinned_limits(&cfg, &uuids, "p").is_err(), "{key}");
+        }
     }
 
     #[test]

@@ -204,6 +204,9 @@ impl ProcessRunner for MpsControlRunner {
     fn start(&self, daemon: &MpsDaemon) -> Result<DaemonHandle, Error> {
         let mut cmd = self.command();
         cmd.arg("-d");
+        if daemon.multi_user {
+            cmd.arg("-M");
+        }
         launch(cmd, daemon, || self.find(daemon))
     }
 
@@ -384,6 +387,7 @@ mod tests {
             device_uuids: vec!["GPU-a".into()],
             active_thread_percentage: None,
             pinned_limits_mib: vec![],
+            multi_user: false,
         };
         daemon.create_dirs().unwrap();
         let runner = StandInRunner;

@@ -306,6 +306,22 @@ async fn mps_daemon_lives_from_prepare_to_unprepare() {
 }
 
 #[tokio::test]
+async fn multi_user_reaches_the_daemon() {
+    let f = fixture();
+    for (uid, multi, want) in [("u1", json!(true), true), ("u2", json!(false), false)] {
+        let c = claim(
+            uid,
+            &[("gpu", "gpu-0", None)],
+            &[(&[], mps(json!({"multiUser": multi})))],
+        );
+        f.state.prepare(&c).await.unwrap();
+        let started = f.runner.started.lock().unwrap().last().unwrap().clone();
+        assert_eq!(started.multi_user, want, "{uid}");
+        f.state.unprepare(uid).await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn a_daemon_that_fails_to_start_rolls_everything_back() {
     let f = fixture();
     f.runner.fail_start.store(true, Ordering::SeqCst);
@@ -532,6 +548,7 @@ async fn a_crash_mid_prepare_is_undone_including_its_daemon() {
         device_uuids: vec![],
         active_thread_percentage: None,
         pinned_limits_mib: vec![],
+        multi_user: false,
     };
     daemon.create_dirs().unwrap();
     f.runner.start(&daemon).unwrap();
