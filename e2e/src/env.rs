@@ -16,6 +16,7 @@ use kube::{Client, Config, ResourceExt};
 use serde_json::json;
 
 use crate::kubelet::Kubelet;
+use crate::node_kubelet::NodeKubelet;
 use crate::plugin::{NodeDirs, Plugin};
 use crate::real_kubelet::{KubeletSetup, RealKubelet};
 
@@ -23,19 +24,11 @@ use crate::real_kubelet::{KubeletSetup, RealKubelet};
 /// a generous bound so a broken run ends instead of hanging).
 pub const WAIT: Duration = Duration::from_secs(180);
 
-/// A node: its Node object, its plugin process and its kubelet role.
+/// A node: its Node object, its plugin process and whoever plays its kubelet.
 pub struct NodeEnv {
     pub name: String,
     pub plugin: Plugin,
-    pub kubelet: Kubelet,
-    pub dirs: NodeDirs,
-}
-
-/// A node run by the stock kubelet: its plugin registers with that kubelet.
-pub struct RealNodeEnv {
-    pub name: String,
-    pub plugin: Plugin,
-    pub kubelet: RealKubelet,
+    pub kubelet: NodeKubelet,
     pub dirs: NodeDirs,
 }
 
@@ -48,7 +41,6 @@ pub struct Env {
     pub kubeconfig: PathBuf,
     pub plugin_bin: PathBuf,
     pub nodes: Vec<NodeEnv>,
-    pub real_nodes: Vec<RealNodeEnv>,
     kubelet_setup: Option<KubeletSetup>,
     started: Instant,
 }
@@ -170,7 +162,6 @@ impl Env {
             kubeconfig,
             plugin_bin,
             nodes: Vec::new(),
-            real_nodes: Vec::new(),
             kubelet_setup,
             started: Instant::now(),
         };
@@ -221,9 +212,10 @@ impl Env {
         Ok(())
     }
 
-    /// Creates the Node object (Ready, capacity, no taints, label `e2e-test=<test>`), starts its
-    /// plugin with `plugin_args` and its kubelet, and waits for the plugin's ResourceSlices.
-    pub async fn add_node(&mut self, name: &str, plugin_args: &[&str]) -> Result<&NodeEnv> {
+    /// For tests that inject what the stock kubelet never sends: creates the Node object (Ready,
+    /// capacity, no taints, label `e2e-test=<test>`), starts its plugin with `plugin_args` and the
+    /// Rust kubelet-role harness, and waits for the plugin's ResourceSlices.
+    pub async fn add_harness_node(&mut self, name: &str, plugin_args: &[&str]) -> Result<&NodeEnv> {
         create_node(&self.client, name, &self.test).await?;
         let dirs = NodeDirs::create(&self.work, name)?;
         let mut plugin =
@@ -240,7 +232,7 @@ impl Env {
         self.nodes.push(NodeEnv {
             name: name.to_string(),
             plugin,
-            kubelet,
+            kubelet: NodeKubelet::Harness(kubelet),
             dirs,
         });
         self.wait_slices(name).await?;
@@ -250,11 +242,7 @@ impl Env {
     /// Starts a stock kubelet and fake runtime for `name` (the kubelet registers the Node), then
     /// the node's plugin with `plugin_args` in the kubelet's plugin directories; waits until the
     /// kubelet has registered the plugin and the plugin's ResourceSlices are complete.
-    pub async fn add_real_node(
-        &mut self,
-        name: &str,
-        plugin_args: &[&str],
-    ) -> Result<&RealNodeEnv> {
+    pub async fn add_node(&mut self, name: &str, plugin_args: &[&str]) -> Result<&NodeEnv> {
         let setup = self.kubelet_setup.clone().context(
             "no stock kubelet: run through e2e/run.sh (E2E_KUBELET_BIN, E2E_KUBELET_TOOLS)",
         )?;
@@ -274,54 +262,43 @@ impl Env {
             std::fs::create_dir_all(d)?;
         }
         let plugin = Plugin::start(&self.plugin_bin, name, &self.kubeconfig, &dirs, plugin_args)?;
-        self.real_nodes.push(RealNodeEnv {
+        self.nodes.push(NodeEnv {
             name: name.to_string(),
             plugin,
-            kubelet,
+            kubelet: NodeKubelet::Stock(Box::new(kubelet)),
             dirs,
         });
-        self.wait_registered(name).await?;
+        self.wait_registered(name, 0).await?;
         self.wait_slices(name).await?;
-        Ok(self.real_nodes.last().expect("just pushed"))
+        Ok(self.nodes.last().expect("just pushed"))
     }
 
-    /// Waits until the stock kubelet of `name` has accepted its plugin's registration (the plugin
-    /// logs the kubelet's verdict once per registration).
-    pub async fn wait_registered(&mut self, name: &str) -> Result<()> {
-        let node = self.real_node_mut(name);
-        let log = node.dirs.root.join("plugin.log");
-        let since = std::fs::read_to_string(&log).map(|t| t.len()).unwrap_or(0);
-        wait_until(
-            &format!("the kubelet of {name} registering its plugin"),
-            WAIT,
-            || {
-                let r = node
-                    .plugin
-                    .check_alive()
-                    .and_then(|()| node.kubelet.check_alive());
-                let text = std::fs::read_to_string(&log).unwrap_or_default();
-                let registered = text
-                    .get(since..)
-                    .unwrap_or("")
-                    .contains("registered with the kubelet");
-                async move { r.map(|()| registered.then_some(())) }
-            },
-        )
-        .await
+    /// How many times the kubelet of `name` has accepted its plugin's registration so far (the
+    /// plugin logs each verdict).
+    pub fn registrations(&self, name: &str) -> usize {
+        let log = self.node(name).dirs.root.join("plugin.log");
+        std::fs::read_to_string(log)
+            .unwrap_or_default()
+            .matches("registered with the kubelet")
+            .count()
     }
 
-    pub fn real_node(&self, name: &str) -> &RealNodeEnv {
-        self.real_nodes
-            .iter()
-            .find(|n| n.name == name)
-            .expect("real node of this scenario")
-    }
-
-    pub fn real_node_mut(&mut self, name: &str) -> &mut RealNodeEnv {
-        self.real_nodes
-            .iter_mut()
-            .find(|n| n.name == name)
-            .expect("real node of this scenario")
+    /// Waits until the kubelet of `name` has accepted its plugin's registration more than
+    /// `before` times (take `before` from [`Env::registrations`] ahead of a restart).
+    pub async fn wait_registered(&mut self, name: &str, before: usize) -> Result<()> {
+        let deadline = Instant::now() + WAIT;
+        while self.registrations(name) <= before {
+            let node = self.node_mut(name);
+            node.plugin.check_alive()?;
+            if let Some(k) = node.kubelet.stock_mut() {
+                k.check_alive()?;
+            }
+            if Instant::now() > deadline {
+                bail!("the kubelet of {name} did not register its plugin within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        Ok(())
     }
 
     pub fn node(&self, name: &str) -> &NodeEnv {
@@ -486,15 +463,8 @@ impl Env {
             );
             let uid = p.uid().unwrap_or_default();
             for n in &self.nodes {
-                if let Some(r) = n.kubelet.record_of(&uid) {
-                    println!("pod {name} on {}: {r:?}", n.name);
-                }
-            }
-            for n in &self.real_nodes {
-                for c in n.kubelet.containers().unwrap_or_default() {
-                    if c.pod_uid == uid {
-                        println!("pod {name} on {} (stock kubelet): {c:?}", n.name);
-                    }
+                for line in n.kubelet.describe_pod(&uid) {
+                    println!("pod {name} on {}: {line}", n.name);
                 }
             }
         }
@@ -528,20 +498,10 @@ impl Env {
         Ok(self.claims().get(&name).await?)
     }
 
-    /// Fails with every violation any node's kubelet role recorded.
+    /// Fails with every violation any node's kubelet or runtime recorded.
     pub fn check_violations(&self) -> Result<()> {
-        let v: Vec<String> = self
-            .nodes
-            .iter()
-            .flat_map(|n| {
-                n.kubelet
-                    .violations()
-                    .into_iter()
-                    .map(move |v| format!("{}: {v}", n.name))
-            })
-            .collect();
-        let mut v = v;
-        for n in &self.real_nodes {
+        let mut v = Vec::new();
+        for n in &self.nodes {
             v.extend(
                 n.kubelet
                     .violations()?
@@ -556,8 +516,8 @@ impl Env {
         }
     }
 
-    /// Deletes the scenario's pods (through the kubelet roles), checks nothing stays prepared or
-    /// allocated, stops the plugins and removes nodes and namespace.
+    /// Deletes the scenario's pods (through the kubelets), checks nothing stays prepared or
+    /// allocated, stops the plugins and kubelets and removes nodes and namespace.
     pub async fn teardown(mut self) -> Result<()> {
         let pods = self.pods().list(&ListParams::default()).await?.items;
         for p in &pods {
@@ -587,41 +547,28 @@ impl Env {
             }
         })
         .await?;
-        for n in &self.nodes {
-            let prepared = n.kubelet.prepared();
-            if !prepared.is_empty() {
-                bail!(
-                    "{}: claims still prepared after all pods went: {:?}",
-                    n.name,
-                    prepared.keys()
-                );
+        // The stock kubelet forgets a claim in its checkpoint right after the unprepare call.
+        wait_until("no claim prepared, no CDI spec left", WAIT, || async {
+            for n in &self.nodes {
+                let prepared = n.kubelet.prepared()?;
+                if !prepared.is_empty() {
+                    bail!("{}: claims still prepared: {:?}", n.name, prepared.keys());
+                }
+                let files = crate::cdi::spec_files(&n.dirs.cdi)?;
+                if !files.is_empty() {
+                    bail!("{}: CDI spec files left: {files:?}", n.name);
+                }
             }
-            let files = crate::cdi::spec_files(&n.dirs.cdi)?;
-            if !files.is_empty() {
-                bail!("{}: CDI spec files left: {files:?}", n.name);
-            }
-        }
-        for n in &self.real_nodes {
-            let prepared = n.kubelet.prepared_claims()?;
-            if !prepared.is_empty() {
-                bail!(
-                    "{}: the kubelet still holds claims as prepared: {prepared:?}",
-                    n.name
-                );
-            }
-            let files = crate::cdi::spec_files(&n.dirs.cdi)?;
-            if !files.is_empty() {
-                bail!("{}: CDI spec files left: {files:?}", n.name);
-            }
-        }
+            Ok(Some(()))
+        })
+        .await?;
         self.check_violations()?;
         let nodes: Api<Node> = Api::all(self.client.clone());
         for n in &mut self.nodes {
             n.plugin.stop().await?;
-        }
-        for n in &mut self.real_nodes {
-            n.plugin.stop().await?;
-            n.kubelet.stop().await?;
+            if let Some(k) = n.kubelet.stock_mut() {
+                k.stop().await?;
+            }
         }
         let lp = ListParams::default().labels(&format!("e2e-test={}", self.test));
         for n in nodes.list(&lp).await?.items {

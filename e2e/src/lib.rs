@@ -10,6 +10,8 @@ pub mod cdi;
 pub mod env;
 pub mod grpc;
 pub mod kubelet;
+pub mod mock_nvml;
+pub mod node_kubelet;
 pub mod plugin;
 pub mod real_kubelet;
 

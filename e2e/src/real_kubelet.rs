@@ -3,6 +3,7 @@
 //! the DRA manager against our plugin and creates containers in the fake runtime, which checks
 //! every CDI device against the spec files on disk as containerd does and records each
 //! CreateContainer call.
+use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -15,6 +16,7 @@ use serde::Deserialize;
 use tokio::process::{Child, Command};
 
 use crate::env::wait_until;
+use crate::kubelet::{ClaimRef, PreparedDevice};
 
 /// Where the binaries are and how to reach the cluster (from `e2e/run.sh`'s environment).
 #[derive(Debug, Clone)]
@@ -45,6 +47,9 @@ impl KubeletSetup {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ContainerRecord {
+    /// When the runtime answered (RFC 3339).
+    #[serde(default)]
+    pub time: String,
     #[serde(default, rename = "podUID")]
     pub pod_uid: String,
     #[serde(default)]
@@ -54,7 +59,7 @@ pub struct ContainerRecord {
     #[serde(default)]
     pub cdi_devices: Vec<String>,
     #[serde(default)]
-    pub envs: std::collections::BTreeMap<String, String>,
+    pub envs: BTreeMap<String, String>,
     #[serde(default)]
     pub error: String,
 }
@@ -278,41 +283,108 @@ impl RealKubelet {
             .collect())
     }
 
-    /// The claims the kubelet's DRA manager holds as prepared (its checkpoint), by UID.
-    pub fn prepared_claims(&self) -> Result<Vec<String>> {
+    /// The claims the kubelet's DRA manager holds as prepared (its checkpoint), by UID, with the
+    /// devices our plugin's prepare returned for them.
+    pub fn prepared(&self) -> Result<BTreeMap<String, (ClaimRef, Vec<PreparedDevice>)>> {
         let path = self.root.join("dra_manager_state");
         let Ok(text) = std::fs::read_to_string(&path) else {
-            return Ok(Vec::new());
+            return Ok(BTreeMap::new());
         };
-        let mut v: serde_json::Value =
+        let outer: serde_json::Value =
             serde_json::from_str(&text).with_context(|| format!("parsing {}", path.display()))?;
         // The checkpoint's data is itself JSON, kept as a string beside its checksum.
-        if let Some(data) = v.get("Data").and_then(|d| d.as_str()) {
-            v = serde_json::from_str(data)
-                .with_context(|| format!("parsing {} Data", path.display()))?;
+        let data = outer["Data"].as_str().unwrap_or_default();
+        let state: Checkpoint = serde_json::from_str(data)
+            .with_context(|| format!("parsing the data of {}", path.display()))?;
+        Ok(state
+            .claim_info_state_list
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| {
+                let devices = c
+                    .driver_state
+                    .get(crate::DRIVER)
+                    .map(|d| {
+                        d.devices
+                            .iter()
+                            .map(|d| PreparedDevice {
+                                request_names: d.request_names.clone(),
+                                pool: d.pool_name.clone(),
+                                device: d.device_name.clone(),
+                                cdi_ids: d.cdi_device_ids.clone(),
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let claim = ClaimRef {
+                    namespace: c.namespace,
+                    name: c.claim_name,
+                    uid: c.claim_uid.clone(),
+                };
+                (c.claim_uid, (claim, devices))
+            })
+            .collect())
+    }
+
+    /// Claim UID -> successful prepare calls, from the plugin's log (one `prepared` line per
+    /// claim and call, in the claim's span).
+    pub fn prepare_calls(&self) -> Result<HashMap<String, u32>> {
+        let log = std::fs::read_to_string(self.node_dir.join("plugin.log")).unwrap_or_default();
+        let mut calls = HashMap::new();
+        for line in log.lines().filter(|l| l.contains(": prepared")) {
+            if let Some(uid) =
+                span_field(line, "claimUID").or_else(|| span_field(line, "claim_uid"))
+            {
+                *calls.entry(uid.to_string()).or_insert(0) += 1;
+            }
         }
-        let mut uids = Vec::new();
-        collect_claim_uids(&v, &mut uids);
-        uids.sort();
-        uids.dedup();
-        Ok(uids)
+        Ok(calls)
     }
 }
 
-/// The kubelet's checkpoint keeps one entry with a `ClaimUID` per prepared claim.
-fn collect_claim_uids(v: &serde_json::Value, out: &mut Vec<String>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, v) in m {
-                match (k.as_str(), v.as_str()) {
-                    ("ClaimUID" | "claimUID", Some(uid)) => out.push(uid.to_string()),
-                    _ => collect_claim_uids(v, out),
-                }
-            }
-        }
-        serde_json::Value::Array(a) => a.iter().for_each(|v| collect_claim_uids(v, out)),
-        _ => {}
-    }
+/// `name=value` of a text log line's span fields.
+fn span_field<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    let start = line.find(&format!("{name}="))? + name.len() + 1;
+    let rest = &line[start..];
+    let end = rest.find([' ', '}', ',']).unwrap_or(rest.len());
+    Some(&rest[..end])
+}
+
+/// The parts of the kubelet's DRA checkpoint (`checkpoint.dra.kubelet.k8s.io/v1`) read here.
+#[derive(Deserialize)]
+struct Checkpoint {
+    /// `null` until the kubelet has prepared a claim.
+    #[serde(rename = "ClaimInfoStateList", default)]
+    claim_info_state_list: Option<Vec<ClaimInfoState>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct ClaimInfoState {
+    #[serde(rename = "ClaimUID")]
+    claim_uid: String,
+    claim_name: String,
+    namespace: String,
+    #[serde(default)]
+    driver_state: BTreeMap<String, DriverState>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct DriverState {
+    #[serde(default)]
+    devices: Vec<CheckpointDevice>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "PascalCase")]
+struct CheckpointDevice {
+    pool_name: String,
+    device_name: String,
+    #[serde(default)]
+    request_names: Vec<String>,
+    #[serde(rename = "CDIDeviceIDs", default)]
+    cdi_device_ids: Vec<String>,
 }
 
 /// A free loopback TCP port (bound once and released).

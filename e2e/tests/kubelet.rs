@@ -10,11 +10,12 @@ use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until};
 use e2e::env_or_skip;
 use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
+use kube::api::{Api, ListParams};
 
 const CDI_KIND: &str = "k8s.gpu.nvidia.com/claim";
 
 fn cdi_file(env: &Env, node: &str, claim_uid: &str) -> std::path::PathBuf {
-    env.real_node(node)
+    env.node(node)
         .dirs
         .cdi
         .join(format!("k8s.gpu.nvidia.com-claim_{claim_uid}.json"))
@@ -24,8 +25,10 @@ fn cdi_file(env: &Env, node: &str, claim_uid: &str) -> std::path::PathBuf {
 fn cdi_devices_at_runtime(env: &Env, node: &str, pod: &Pod) -> Result<Vec<String>> {
     let uid = pod.uid().unwrap_or_default();
     let mut ids: Vec<String> = env
-        .real_node(node)
+        .node(node)
         .kubelet
+        .stock()
+        .context("a stock kubelet node")?
         .containers()?
         .into_iter()
         .filter(|c| c.pod_uid == uid && c.error.is_empty())
@@ -66,12 +69,12 @@ fn kubelet_dial(args: &[&str]) -> Result<Vec<serde_json::Value>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k1_seed_claim_runs_through_the_stock_kubelet() -> Result<()> {
     let mut env = env_or_skip!("k1_seed_claim_runs_through_the_stock_kubelet");
-    env.add_real_node(
+    env.add_node(
         "k1-mig",
         &["--profile", "h100-80gb:1", "--mig-layout", "all-3g.40gb"],
     )
     .await?;
-    env.add_real_node("k1-whole", &["--profile", "h100-80gb:1"])
+    env.add_node("k1-whole", &["--profile", "h100-80gb:1"])
         .await?;
     env.create_from_file("examples/claims/inference-gpu.yaml")
         .await?;
@@ -102,7 +105,7 @@ async fn k1_seed_claim_runs_through_the_stock_kubelet() -> Result<()> {
             at_runtime == [id.clone()],
             "{pod}: the runtime got CDI devices {at_runtime:?}, expected [{id}]"
         );
-        let specs = e2e::cdi::load(&env.real_node(node).dirs.cdi)?;
+        let specs = e2e::cdi::load(&env.node(node).dirs.cdi)?;
         let uuid = env
             .devices(node)
             .await?
@@ -118,9 +121,9 @@ async fn k1_seed_claim_runs_through_the_stock_kubelet() -> Result<()> {
             visible == uuid,
             "NVIDIA_VISIBLE_DEVICES={visible}, device uuid {uuid}"
         );
-        let prepared = env.real_node(node).kubelet.prepared_claims()?;
+        let prepared = env.node(node).kubelet.prepared()?;
         ensure!(
-            prepared.contains(&uid),
+            prepared.contains_key(&uid),
             "kubelet checkpoint {prepared:?} lacks {uid}"
         );
         println!(
@@ -149,8 +152,7 @@ async fn k1_seed_claim_runs_through_the_stock_kubelet() -> Result<()> {
 async fn k2_extended_resource_pod_runs() -> Result<()> {
     let mut env = env_or_skip!("k2_extended_resource_pod_runs");
     let node = "k2-h100";
-    env.add_real_node(node, &["--profile", "h100-80gb:2"])
-        .await?;
+    env.add_node(node, &["--profile", "h100-80gb:2"]).await?;
     let res =
         serde_json::json!({"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}});
     env.create_pod(&env.pod_manifest("legacy", Some(node), &[], Some(res))?)
@@ -188,8 +190,7 @@ async fn k2_extended_resource_pod_runs() -> Result<()> {
 async fn k3_kubelet_restart_keeps_prepared_claims() -> Result<()> {
     let mut env = env_or_skip!("k3_kubelet_restart_keeps_prepared_claims");
     let node = "k3-h100";
-    env.add_real_node(node, &["--profile", "h100-80gb:2"])
-        .await?;
+    env.add_node(node, &["--profile", "h100-80gb:2"]).await?;
     env.create_from_file("examples/claims/inference-gpu.yaml")
         .await?;
     let claim = [PodClaim {
@@ -209,8 +210,14 @@ async fn k3_kubelet_restart_keeps_prepared_claims() -> Result<()> {
     let prepares_before = prepare_log_count(&env, node, &uid)?;
 
     let client = env.client.clone();
-    env.real_node_mut(node).kubelet.restart(&client).await?;
-    env.wait_registered(node).await?;
+    let registrations = env.registrations(node);
+    env.node_mut(node)
+        .kubelet
+        .stock_mut()
+        .context("a stock kubelet node")?
+        .restart(&client)
+        .await?;
+    env.wait_registered(node, registrations).await?;
     env.wait_slices(node).await?;
     let pod = env.wait_running("before").await?;
     ensure!(
@@ -237,14 +244,14 @@ async fn k3_kubelet_restart_keeps_prepared_claims() -> Result<()> {
     env.teardown().await
 }
 
-/// How often the plugin's log shows a prepare that did work for `uid` (its per-claim span logs
-/// the devices it prepared).
-fn prepare_log_count(env: &Env, node: &str, uid: &str) -> Result<usize> {
-    let log = std::fs::read_to_string(env.real_node(node).dirs.root.join("plugin.log"))?;
-    Ok(log
-        .lines()
-        .filter(|l| l.contains(uid) && l.contains(": prepared"))
-        .count())
+fn prepare_log_count(env: &Env, node: &str, uid: &str) -> Result<u32> {
+    Ok(env
+        .node(node)
+        .kubelet
+        .prepare_calls()?
+        .get(uid)
+        .copied()
+        .unwrap_or(0))
 }
 
 /// The plugin is killed (-9) while pods run and started again: it re-registers with the stock
@@ -253,8 +260,7 @@ fn prepare_log_count(env: &Env, node: &str, uid: &str) -> Result<usize> {
 async fn k4_plugin_restart_while_pods_run() -> Result<()> {
     let mut env = env_or_skip!("k4_plugin_restart_while_pods_run");
     let node = "k4-h100";
-    env.add_real_node(node, &["--profile", "h100-80gb:2"])
-        .await?;
+    env.add_node(node, &["--profile", "h100-80gb:2"]).await?;
     env.create_from_file("examples/claims/inference-gpu.yaml")
         .await?;
     let claim = [PodClaim {
@@ -271,10 +277,11 @@ async fn k4_plugin_restart_while_pods_run() -> Result<()> {
         .unwrap_or_default();
     let spec = cdi_file(&env, node, &uid);
 
-    let n = env.real_node_mut(node);
+    let registrations = env.registrations(node);
+    let n = env.node_mut(node);
     n.plugin.kill9().await?;
     n.plugin.restart()?;
-    env.wait_registered(node).await?;
+    env.wait_registered(node, registrations).await?;
     env.wait_slices(node).await?;
     ensure!(
         spec.exists(),
@@ -295,8 +302,8 @@ async fn k4_plugin_restart_while_pods_run() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn k5_two_nodes_two_kubelets() -> Result<()> {
     let mut env = env_or_skip!("k5_two_nodes_two_kubelets");
-    env.add_real_node("k5-a", &["--profile", "l4:1"]).await?;
-    env.add_real_node("k5-b", &["--profile", "l4:1"]).await?;
+    env.add_node("k5-a", &["--profile", "l4:1"]).await?;
+    env.add_node("k5-b", &["--profile", "l4:1"]).await?;
     let res =
         serde_json::json!({"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}});
     for (pod, node) in [("pa", "k5-a"), ("pb", "k5-b")] {
@@ -326,7 +333,7 @@ async fn k5_two_nodes_two_kubelets() -> Result<()> {
 async fn k0_grpc_go_dials_the_plugin_like_the_kubelet() -> Result<()> {
     let mut env = env_or_skip!("k0_grpc_go_dials_the_plugin_like_the_kubelet");
     let node = "k0-h100";
-    env.add_real_node(
+    env.add_node(
         node,
         &[
             "--profile",
@@ -347,7 +354,7 @@ async fn k0_grpc_go_dials_the_plugin_like_the_kubelet() -> Result<()> {
     env.wait_running("held").await?;
     let c = env.pod_claim("held", "gpu").await?;
     let (uid, name) = (c.uid().unwrap_or_default(), c.name_any());
-    let registration = std::fs::read_dir(&env.real_node(node).dirs.registrar)?
+    let registration = std::fs::read_dir(&env.node(node).dirs.registrar)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|e| e == "sock"))
         .context("no registration socket")?;
@@ -382,7 +389,7 @@ async fn k0_grpc_go_dials_the_plugin_like_the_kubelet() -> Result<()> {
 async fn k6_unhealthy_device_shows_in_pod_status() -> Result<()> {
     let mut env = env_or_skip!("k6_unhealthy_device_shows_in_pod_status");
     let node = "k6-h100";
-    env.add_real_node(
+    env.add_node(
         node,
         &[
             "--profile",
@@ -405,11 +412,7 @@ async fn k6_unhealthy_device_shows_in_pod_status() -> Result<()> {
         .first()
         .map(|r| r.device.clone())
         .context("no allocated device")?;
-    let events = env
-        .real_node(node)
-        .dirs
-        .plugin
-        .join("simulated-health-events");
+    let events = env.node(node).dirs.plugin.join("simulated-health-events");
     std::fs::write(&events, format!("{device} xid 79\n"))?;
     let status = wait_until(
         &format!("{device} Unhealthy in the pod's allocatedResourcesStatus"),
@@ -434,6 +437,61 @@ async fn k6_unhealthy_device_shows_in_pod_status() -> Result<()> {
     )
     .await?;
     println!("k6: allocatedResourcesStatus {status:?}");
+    env.check_violations()?;
+    env.teardown().await
+}
+
+/// A registration the stock kubelet refuses shows in the plugin's log and as a Node Event: a
+/// second registration socket (a hard link to the plugin's own) makes the kubelet register the
+/// same DRA endpoint twice, which it refuses with NotifyRegistrationStatus(false).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k8_refused_registration_is_logged_and_an_event() -> Result<()> {
+    let mut env = env_or_skip!("k8_refused_registration_is_logged_and_an_event");
+    let node = "k8-l4";
+    env.add_node(node, &["--profile", "l4:1"]).await?;
+    let registry = env.node(node).dirs.registrar.clone();
+    let own = registry.join(format!("{}-reg.sock", e2e::DRIVER));
+    let twin = registry.join("twin-reg.sock");
+    std::fs::hard_link(&own, &twin)
+        .with_context(|| format!("linking {} to {}", twin.display(), own.display()))?;
+    let log = env.node(node).dirs.root.join("plugin.log");
+    let line = wait_until("the refusal in the plugin's log", WAIT, || async {
+        let text = std::fs::read_to_string(&log)?;
+        Ok(text
+            .lines()
+            .find(|l| l.contains("WARN") && l.contains("the kubelet refused the registration"))
+            .map(str::to_string))
+    })
+    .await?;
+    println!("k8: {line}");
+    ensure!(
+        line.contains("already registered"),
+        "the kubelet's reason is missing: {line}"
+    );
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(env.client.clone(), "default");
+    let event = wait_until("a RegistrationFailed Event on the Node", WAIT, || async {
+        let list = events.list(&ListParams::default()).await?.items;
+        Ok(list.into_iter().find(|e| {
+            e.reason.as_deref() == Some("RegistrationFailed")
+                && e.involved_object.kind.as_deref() == Some("Node")
+                && e.involved_object.name.as_deref() == Some(node)
+        }))
+    })
+    .await?;
+    println!("k8: event {:?} {:?}", event.type_, event.message);
+    ensure!(
+        event.type_.as_deref() == Some("Warning"),
+        "event type {:?}",
+        event.type_
+    );
+    std::fs::remove_file(&twin)?;
+    // The plugin's own registration stands: a pod still runs.
+    let res =
+        serde_json::json!({"limits": {"nvidia.com/gpu": "1"}, "requests": {"nvidia.com/gpu": "1"}});
+    env.create_pod(&env.pod_manifest("after", Some(node), &[], Some(res))?)
+        .await?;
+    env.wait_running("after").await?;
     env.check_violations()?;
     env.teardown().await
 }

@@ -3,68 +3,13 @@
 //! `dra-plugin mock-nvml-root`, from the same hardware profile the simulated nodes use). Dynamic
 //! MIG goes through NVML calls: the instance the scheduler picked is created in (mock) NVML at
 //! prepare, its NVML UUID reaches the CDI spec, and it is destroyed at unprepare.
-use std::path::Path;
-
 use anyhow::{Context, Result, ensure};
-use e2e::env::{Env, PodClaim};
+use e2e::env::PodClaim;
+use e2e::mock_nvml::{add_dynamic_mig_node, mig_state, mock_root};
 use k8s_openapi::api::resource::v1::DeviceRequestAllocationResult;
 use kube::ResourceExt;
 
 use e2e::env_or_skip;
-
-/// `dra-plugin mock-nvml-root`: builds the mock and writes its driver root under `dir`.
-async fn mock_root(env: &Env, node: &str, profile: &str, dir: &Path) -> Result<()> {
-    let mut cmd = tokio::process::Command::new(&env.plugin_bin);
-    cmd.args(["mock-nvml-root", "--profile", profile, "--node-name", node])
-        .arg("--out")
-        .arg(dir)
-        .arg("--mock-source")
-        .arg(env.repo.join("mock-nvml"));
-    for v in [
-        "SIMULATED_HARDWARE_FILE",
-        "SIMULATED_MIG_LAYOUT",
-        "MOCK_NVML_LIBRARY",
-    ] {
-        cmd.env_remove(v);
-    }
-    let out = cmd.output().await.context("running mock-nvml-root")?;
-    ensure!(
-        out.status.success(),
-        "dra-plugin mock-nvml-root (needs make and gcc) failed:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    print!("{}", String::from_utf8_lossy(&out.stdout));
-    Ok(())
-}
-
-/// A node whose plugin runs the NVML backend on the mock driver root `root`, with dynamic MIG.
-async fn add_dynamic_mig_node(env: &mut Env, node: &str, root: &Path) -> Result<()> {
-    env.add_node(
-        node,
-        &[
-            "--backend",
-            "nvml",
-            "--driver-root",
-            root.to_str().context("driver root path")?,
-            "--feature-gates",
-            "DynamicMIG=true",
-        ],
-    )
-    .await?;
-    Ok(())
-}
-
-/// The mock's MIG state: `gpu <minor> <current> <pending>`, `gi <minor> <id> <profile> <start>`,
-/// `ci ...` lines, up to its `end` line.
-fn mig_state(dir: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(dir.join("mig-state"))
-        .with_context(|| format!("reading {}/mig-state", dir.display()))?;
-    Ok(text
-        .lines()
-        .take_while(|l| *l != "end")
-        .map(str::to_string)
-        .collect())
-}
 
 #[tokio::test]
 async fn nvml1_mock_nvml_node_dynamic_mig_inference() -> Result<()> {

@@ -183,14 +183,14 @@ impl<S> AuthorityFix<S> {
             self.state = State::Raw;
             return;
         };
-        if let Some(original) = mend_authority(&mut fields.list) {
-            if !self.rewritten {
-                tracing::debug!(
-                    authority = %String::from_utf8_lossy(&original),
-                    "replacing a :authority that is not a URI authority (a client dialing a socket path)"
-                );
-                self.rewritten = true;
-            }
+        if let Some(original) = mend_authority(&mut fields.list)
+            && !self.rewritten
+        {
+            tracing::debug!(
+                authority = %String::from_utf8_lossy(&original),
+                "replacing a :authority that is not a URI authority (a client dialing a socket path)"
+            );
+            self.rewritten = true;
         }
         let encoded = encode_block(&fields.list, fields.over_size);
         write_block_frames(&mut self.output, &block, &encoded);
