@@ -30,6 +30,8 @@ pub struct NodeEnv {
     pub plugin: Plugin,
     pub kubelet: NodeKubelet,
     pub dirs: NodeDirs,
+    /// Plugins of other drivers on the node (`Env::add_plugin`).
+    pub more_plugins: Vec<Plugin>,
 }
 
 pub struct Env {
@@ -234,6 +236,7 @@ impl Env {
             plugin,
             kubelet: NodeKubelet::Harness(kubelet),
             dirs,
+            more_plugins: Vec::new(),
         });
         self.wait_slices(name).await?;
         Ok(self.nodes.last().expect("just pushed"))
@@ -267,10 +270,54 @@ impl Env {
             plugin,
             kubelet: NodeKubelet::Stock(Box::new(kubelet)),
             dirs,
+            more_plugins: Vec::new(),
         });
         self.wait_registered(name, 0).await?;
         self.wait_slices(name).await?;
         Ok(self.nodes.last().expect("just pushed"))
+    }
+
+    /// Starts a second plugin on the stock-kubelet node `name` for another driver
+    /// (`--driver-name driver`, e.g. compute-domain.nvidia.com) with its own plugin directory and
+    /// log (`<node dir>/<driver>/plugin.log`), and waits until the kubelet has registered it.
+    pub async fn add_plugin(
+        &mut self,
+        name: &str,
+        driver: &str,
+        plugin_args: &[&str],
+    ) -> Result<()> {
+        let (plugin_bin, kubeconfig) = (self.plugin_bin.clone(), self.kubeconfig.clone());
+        let node = self.node_mut(name);
+        let kubelet = node
+            .kubelet
+            .stock()
+            .context("add_plugin needs a stock-kubelet node")?;
+        let dirs = NodeDirs {
+            root: node.dirs.root.join(driver),
+            registrar: node.dirs.registrar.clone(),
+            plugin: kubelet.plugin_dir(driver),
+            cdi: node.dirs.cdi.clone(),
+        };
+        for d in [&dirs.root, &dirs.plugin] {
+            std::fs::create_dir_all(d)?;
+        }
+        let mut args = vec!["--driver-name", driver];
+        args.extend(plugin_args);
+        let mut plugin = Plugin::start(&plugin_bin, name, &kubeconfig, &dirs, &args)?;
+        let log = dirs.root.join("plugin.log");
+        let deadline = Instant::now() + WAIT;
+        while !std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .contains("registered with the kubelet")
+        {
+            plugin.check_alive()?;
+            if Instant::now() > deadline {
+                bail!("the kubelet of {name} did not register the {driver} plugin within {WAIT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        node.more_plugins.push(plugin);
+        Ok(())
     }
 
     /// How many times the kubelet of `name` has accepted its plugin's registration so far (the
@@ -566,6 +613,9 @@ impl Env {
         let nodes: Api<Node> = Api::all(self.client.clone());
         for n in &mut self.nodes {
             n.plugin.stop().await?;
+            for p in &mut n.more_plugins {
+                p.stop().await?;
+            }
             if let Some(k) = n.kubelet.stock_mut() {
                 k.stop().await?;
             }

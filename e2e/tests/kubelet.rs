@@ -495,3 +495,74 @@ async fn k8_refused_registration_is_logged_and_an_event() -> Result<()> {
     env.check_violations()?;
     env.teardown().await
 }
+
+/// A ComputeDomain workload pod through the stock kubelet: the node runs the GPU plugin and the
+/// compute-domain plugin, both registered; the pod's channel claim (the template the controller
+/// renders for a ComputeDomain) is prepared by the compute-domain plugin, its CDI device reaches
+/// the runtime, and the node carries the domain's label while the channel is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn k9_compute_domain_channel_through_the_kubelet() -> Result<()> {
+    let mut env = env_or_skip!("k9_compute_domain_channel_through_the_kubelet");
+    let node = "k9-gb200";
+    let cd_driver = "compute-domain.nvidia.com";
+    env.add_node(node, &["--profile", "gb200:4"]).await?;
+    env.add_plugin(node, cd_driver, &[]).await?;
+    let domain = "5f6c1a52-0b9e-4d7e-9c1a-3d2e8f7a6b10";
+    env.create_from_yaml(&format!(
+        r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: cd1-channel
+spec:
+  spec:
+    devices:
+      requests:
+      - name: channel
+        exactly:
+          deviceClassName: compute-domain-default-channel.nvidia.com
+      config:
+      - requests: [channel]
+        opaque:
+          driver: {cd_driver}
+          parameters:
+            apiVersion: resource.nvidia.com/v1beta1
+            kind: ComputeDomainChannelConfig
+            domainID: {domain}
+            allocationMode: Single
+"#
+    ))
+    .await?;
+    let claims = [PodClaim {
+        name: "channel",
+        template: "cd1-channel",
+    }];
+    env.create_pod(&env.pod_manifest("worker", Some(node), &claims, None)?)
+        .await?;
+    let pod = env.wait_running("worker").await?;
+    let claim = env.pod_claim("worker", "channel").await?;
+    let r = allocation_results(&claim);
+    ensure!(
+        r.len() == 1 && r[0].driver == cd_driver && r[0].device == "channel-0",
+        "allocation {r:?}"
+    );
+    let at_runtime = cdi_devices_at_runtime(&env, node, &pod)?;
+    let uid = claim.uid().unwrap_or_default();
+    ensure!(
+        at_runtime.len() == 1 && at_runtime[0].ends_with(&format!("={uid}-channel-0")),
+        "the runtime got {at_runtime:?}"
+    );
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(env.client.clone());
+    let labels = nodes.get(node).await?.metadata.labels.unwrap_or_default();
+    ensure!(
+        labels
+            .get("resource.nvidia.com/computeDomain")
+            .map(String::as_str)
+            == Some(domain),
+        "node labels {labels:?}"
+    );
+    env.delete_pod("worker").await?;
+    env.wait_pod_gone("worker").await?;
+    env.check_violations()?;
+    env.teardown().await
+}
