@@ -129,6 +129,12 @@ impl RealKubelet {
         self.root.join("plugins_registry")
     }
 
+    /// Where the kubelet's device manager listens for classic device plugins
+    /// (`/var/lib/kubelet/device-plugins` in its mount namespace).
+    pub fn device_plugin_dir(&self) -> PathBuf {
+        self.node_dir.join("host/var-lib/kubelet/device-plugins")
+    }
+
     pub fn plugin_dir(&self, driver: &str) -> PathBuf {
         self.root.join("plugins").join(driver)
     }
