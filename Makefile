@@ -18,8 +18,9 @@ build:
 test: unit e2e
 
 unit:
-	cargo test --workspace
-	cd e2e/kubelet-tools && GOFLAGS=-mod=mod GOSUMDB=off CGO_ENABLED=0 go test ./...
+	@start=$$SECONDS; cargo test --workspace && \
+	  (cd e2e/kubelet-tools && GOFLAGS=-mod=mod GOSUMDB=off CGO_ENABLED=0 go test ./...) && \
+	  echo "unit tests took $$(( SECONDS - start ))s"
 
 ## Real-control-plane scenarios; `make e2e FILTER=s3` runs one, `E2E_KEEP=1` keeps the cluster up.
 e2e:
@@ -28,6 +29,8 @@ e2e:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets -- -D warnings
+	@# The plugin core builds without any Kubernetes or gRPC crate, directly or transitively.
+	! cargo tree -p dra-plugin-core -e normal | grep -E 'kube|k8s-openapi|tonic|prost|hyper'
 
 ## Figures, not pass/fail: plugin prepare/unprepare latency + RSS, simulator vs the Go scheduler code.
 bench: bench-plugin bench-sim
@@ -36,7 +39,7 @@ bench-plugin:
 	cargo bench -p dra-plugin --bench prepare
 
 bench-sim:
-	cargo run --release -p dra-controller --bin sim-bench -- --nodes 5000 --pods 10
+	cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10
 
 ## What a simulated node publishes.
 slices:

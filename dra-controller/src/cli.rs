@@ -19,9 +19,9 @@ pub enum Command {
     /// Run the cluster controller (DeviceClasses, GPUCluster, migration pool, ComputeDomains).
     Run(crate::controller::RunArgs),
     /// Evaluate a CEL device selector against devices, exactly as the scheduler would.
-    Eval(crate::sim::EvalArgs),
+    Eval(dra_sim::EvalArgs),
     /// Show which devices the scheduler would allocate to claims, or why it cannot.
-    Simulate(crate::sim::SimulateArgs),
+    Simulate(dra_sim::SimulateArgs),
     /// Print the CRDs (GPUCluster, ComputeDomain) generated from the Rust types, as YAML.
     Crdgen,
 }
@@ -30,8 +30,8 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Run(args) => crate::controller::run(args).await,
-            Command::Eval(args) => crate::sim::eval(args).await,
-            Command::Simulate(args) => crate::sim::simulate(args).await,
+            Command::Eval(args) => Ok(dra_sim::eval(args).await?),
+            Command::Simulate(args) => Ok(dra_sim::simulate(args).await?),
             Command::Crdgen => crate::controller::crdgen(),
         }
     }

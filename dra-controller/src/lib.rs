@@ -1,5 +1,5 @@
-//! `dra-controller`: the cluster controller (`run`) and the local DRA simulator (`eval`, `simulate`).
+//! `dra-controller`: the cluster controller (`run`) and the commands of the local DRA simulator
+//! (`eval`, `simulate`, from the `dra-sim` crate).
 
 pub mod cli;
 pub mod controller;
-pub mod sim;

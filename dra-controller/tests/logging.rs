@@ -75,7 +75,7 @@ fn json_format_is_one_object_per_line() {
         .find(|l| l["message"] == "scenario loaded")
         .expect("the scenario debug line");
     assert_eq!(loaded["level"], "DEBUG");
-    assert_eq!(loaded["target"], "dra_controller::sim::cli");
+    assert_eq!(loaded["target"], "dra_sim::cli");
 }
 
 #[test]

@@ -2,6 +2,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use gpu_dra_api::inventory::{DeviceRef, Gpu, Inventory, MigDevice, parse_device_name};
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::{remove_if_exists, write_atomic};
@@ -224,6 +225,48 @@ pub fn mig_cap_nodes(parent_minor: u32, gi_id: u32, ci_id: u32) -> [String; 2] {
         format!("/dev/nvidia-caps/nvidia-cap{gi}"),
         format!("/dev/nvidia-caps/nvidia-cap{}", gi + 1 + ci_id),
     ]
+}
+
+/// Edits for a whole GPU.
+pub fn gpu_edits(device: &str, gpu: &Gpu) -> DeviceEdits {
+    DeviceEdits {
+        device_name: device.to_string(),
+        uuid: gpu.uuid.clone(),
+        device_nodes: vec![format!("/dev/nvidia{}", gpu.minor)],
+        ..Default::default()
+    }
+}
+
+/// Edits for a device that exists right now (a whole GPU or a live MIG device).
+pub fn existing_edits(inv: &Inventory, device: &str) -> Option<DeviceEdits> {
+    match parse_device_name(device)? {
+        DeviceRef::Gpu { minor } => Some(gpu_edits(device, inv.gpu_by_minor(minor)?)),
+        DeviceRef::Mig {
+            parent_minor,
+            gi_profile_id,
+            start,
+        } => {
+            let gpu = inv.gpu_by_minor(parent_minor)?;
+            let mig = gpu
+                .mig
+                .as_ref()?
+                .devices
+                .iter()
+                .find(|m| m.gi_profile_id == gi_profile_id && m.placement_start == start)?;
+            Some(mig_edits(device, gpu, mig))
+        }
+    }
+}
+
+pub fn mig_edits(device: &str, gpu: &Gpu, mig: &MigDevice) -> DeviceEdits {
+    let mut nodes = vec![format!("/dev/nvidia{}", gpu.minor)];
+    nodes.extend(mig_cap_nodes(gpu.minor, mig.gi_id, mig.ci_id));
+    DeviceEdits {
+        device_name: device.to_string(),
+        uuid: mig.uuid.clone(),
+        device_nodes: nodes,
+        ..Default::default()
+    }
 }
 
 #[cfg(test)]

@@ -307,6 +307,17 @@ impl Checkpoint {
             .clone()
     }
 
+    /// Devices of completed claims, for the `prepared devices` gauge.
+    pub fn prepared_device_count(&self) -> usize {
+        self.with_claims(|claims| {
+            claims
+                .values()
+                .filter(|r| r.state == ClaimState::PrepareCompleted)
+                .map(|r| r.devices.len())
+                .sum()
+        })
+    }
+
     /// Applies `f` in memory, then returns once a write containing the change is on disk.
     pub async fn update<R>(
         &self,

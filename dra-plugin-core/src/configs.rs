@@ -86,7 +86,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::core::types::ConfigSource;
+    use crate::types::ConfigSource;
 
     fn dev(request: &str) -> AllocatedDevice {
         AllocatedDevice {

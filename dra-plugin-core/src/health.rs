@@ -1,4 +1,6 @@
-//! Device health: hardware events in, device taints and kubelet health states out.
+//! Device health: hardware events in; per GPU, the taints its devices should carry and the
+//! health state the kubelet is told. Taints are described here in the driver's own terms (NVIDIA's
+//! keys and effects); the plugin crate turns them into the API's `DeviceTaint`s.
 //!
 //! Unlike NVIDIA's driver, which keeps a taint until the plugin restarts, a GPU gets its taints
 //! removed once it reports healthy again and has had no fault for a hold-down period, so a
@@ -7,11 +9,23 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use gpu_dra_api::inventory::{DeviceRef, parse_device_name};
-use gpu_dra_api::slices::{SliceContent, TaintMap};
-use k8s_openapi::api::resource::v1::DeviceTaint;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 
-use crate::backend::{APPLICATION_XIDS, HealthEvent, HealthEventKind};
+use crate::backend::{HealthEvent, HealthEventKind};
+
+/// XIDs that an application causes (illegal address, MMU fault of a process, ...) and that say
+/// nothing about the GPU's health; NVIDIA's driver ignores the same ones by default.
+pub const APPLICATION_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
+
+impl HealthEvent {
+    /// Whether the GPU should stop taking new work.
+    pub fn makes_unhealthy(&self) -> bool {
+        match self.kind {
+            HealthEventKind::Xid(code) => !APPLICATION_XIDS.contains(&code),
+            HealthEventKind::DoubleBitEcc | HealthEventKind::GpuLost => true,
+            HealthEventKind::Unmonitored | HealthEventKind::Healthy => false,
+        }
+    }
+}
 
 pub const TAINT_XID: &str = "gpu.nvidia.com/xid";
 pub const TAINT_ECC: &str = "gpu.nvidia.com/ecc";
@@ -24,6 +38,16 @@ pub enum Health {
     Healthy,
     Unhealthy,
     Unknown,
+}
+
+/// A taint the devices of a GPU should carry: NVIDIA's key, value and effect, and since when
+/// (whole seconds; none for a state that is not a fault).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HealthTaint {
+    pub key: &'static str,
+    pub value: Option<String>,
+    pub effect: &'static str,
+    pub since: Option<SystemTime>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -164,49 +188,30 @@ impl HealthTracker {
             .unwrap_or_default()
     }
 
-    fn taints_of(&self, minor: u32) -> Vec<DeviceTaint> {
+    /// The taints of the devices of GPU `minor` (the GPU and its MIG devices); none when healthy.
+    pub fn taints(&self, minor: u32) -> Vec<HealthTaint> {
         let Some(g) = self.gpus.get(&minor) else {
             return Vec::new();
         };
-        let mut taints: Vec<DeviceTaint> = g
+        let mut taints: Vec<HealthTaint> = g
             .faults
             .iter()
-            .map(|(key, f)| DeviceTaint {
-                key: key.to_string(),
+            .map(|(key, f)| HealthTaint {
+                key,
                 value: f.value.clone(),
-                effect: f.effect.to_string(),
-                time_added: Some(Time(
-                    k8s_openapi::jiff::Timestamp::try_from(f.since)
-                        .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH),
-                )),
+                effect: f.effect,
+                since: Some(f.since),
             })
             .collect();
         if g.unmonitored {
-            taints.push(DeviceTaint {
-                key: TAINT_UNMONITORED.into(),
+            taints.push(HealthTaint {
+                key: TAINT_UNMONITORED,
                 value: None,
-                effect: "None".into(),
-                time_added: None,
+                effect: "None",
+                since: None,
             });
         }
         taints
-    }
-
-    /// Taints for every published device of an unhealthy GPU (the GPU and its MIG devices).
-    pub fn taint_map(&self, pool: &[SliceContent]) -> TaintMap {
-        let mut map = TaintMap::new();
-        for d in pool.iter().flat_map(|s| &s.devices) {
-            let minor = match parse_device_name(&d.name) {
-                Some(DeviceRef::Gpu { minor }) => minor,
-                Some(DeviceRef::Mig { parent_minor, .. }) => parent_minor,
-                None => continue,
-            };
-            let taints = self.taints_of(minor);
-            if !taints.is_empty() {
-                map.insert(d.name.clone(), taints);
-            }
-        }
-        map
     }
 }
 
@@ -220,9 +225,6 @@ pub fn gpu_of(device: &str) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use gpu_dra_api::simulated::{GpuGroup, simulate_node};
-    use gpu_dra_api::slices::{SliceOptions, build_pool};
-
     use super::*;
 
     fn ev(minor: u32, kind: HealthEventKind) -> HealthEvent {
@@ -246,19 +248,19 @@ mod tests {
         assert!(h.apply(&ev(2, HealthEventKind::GpuLost), t(0)));
         assert!(h.apply(&ev(3, HealthEventKind::Unmonitored), t(0)));
         assert!(h.apply(&ev(4, HealthEventKind::DoubleBitEcc), t(0)));
-        let x = &h.taints_of(0)[0];
+        let x = &h.taints(0)[0];
         assert_eq!(
-            (x.key.as_str(), x.value.as_deref(), x.effect.as_str()),
+            (x.key, x.value.as_deref(), x.effect),
             (TAINT_XID, Some("79"), "NoSchedule")
         );
         assert_eq!(
-            h.taints_of(1)[0].effect,
+            h.taints(1)[0].effect,
             "None",
             "application XIDs do not stop scheduling"
         );
-        assert_eq!(h.taints_of(2)[0].key, TAINT_GPU_LOST);
-        assert_eq!(h.taints_of(3)[0].key, TAINT_UNMONITORED);
-        assert_eq!(h.taints_of(4)[0].key, TAINT_ECC);
+        assert_eq!(h.taints(2)[0].key, TAINT_GPU_LOST);
+        assert_eq!(h.taints(3)[0].key, TAINT_UNMONITORED);
+        assert_eq!(h.taints(4)[0].key, TAINT_ECC);
         assert_eq!(
             [0, 1, 2, 3, 4, 5].map(|m| h.health(m)),
             [
@@ -274,11 +276,7 @@ mod tests {
             !h.apply(&ev(0, HealthEventKind::Xid(79)), t(1)),
             "a repeat changes nothing"
         );
-        assert_eq!(
-            h.taints_of(0)[0].time_added,
-            Some(Time(k8s_openapi::jiff::Timestamp::try_from(t(0)).unwrap())),
-            "first occurrence kept"
-        );
+        assert_eq!(h.taints(0)[0].since, Some(t(0)), "first occurrence kept");
     }
 
     #[test]
@@ -292,7 +290,7 @@ mod tests {
             Health::Healthy,
             "the report itself lifts the fault once the hold-down since the fault passed"
         );
-        assert!(h.taints_of(0).is_empty());
+        assert!(h.taints(0).is_empty());
 
         // Flapping: each fault restarts the hold-down.
         h.apply(&ev(0, HealthEventKind::Xid(48)), t(200));
@@ -307,27 +305,5 @@ mod tests {
         assert_eq!(h.health(0), Health::Unhealthy);
         assert!(h.expire(t(300)));
         assert_eq!(h.health(0), Health::Healthy);
-    }
-
-    #[test]
-    fn taints_cover_the_gpu_and_its_mig_devices() {
-        let inv = simulate_node("n", &[GpuGroup::parse("h100-80gb:2").unwrap()], None).unwrap();
-        let opts = SliceOptions {
-            dynamic_mig: true,
-            ..SliceOptions::new("n")
-        };
-        let pool = build_pool(&inv, &opts, &TaintMap::new());
-        let mut h = HealthTracker::new(Duration::from_secs(60));
-        h.apply(&ev(1, HealthEventKind::GpuLost), t(0));
-        let map = h.taint_map(&pool);
-        assert_eq!(map.len(), 26, "gpu-1 and its 25 placements");
-        assert!(map.keys().all(|d| gpu_of(d) == Some(1)));
-        let tainted = build_pool(&inv, &opts, &map);
-        let d = tainted
-            .iter()
-            .flat_map(|s| &s.devices)
-            .find(|d| d.name == "gpu-1-mig-3g40gb-9-4")
-            .unwrap();
-        assert_eq!(d.taints.as_ref().unwrap()[0].key, TAINT_GPU_LOST);
     }
 }

@@ -25,7 +25,7 @@ pub enum Command {
     /// Write a mock NVIDIA driver root (mock libnvidia-ml from hardware profiles) for
     /// `--backend nvml` without a GPU; for tests (see backend/nvml_mock_root.rs).
     #[command(hide = true)]
-    MockNvmlRoot(crate::backend::nvml_mock_root::MockRootArgs),
+    MockNvmlRoot(MockRootArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -135,6 +135,29 @@ pub struct SlicesArgs {
     /// Kubernetes minor version of the target cluster (1.34 keeps counters with devices).
     #[arg(long, default_value = "1.37")]
     pub kubernetes_version: String,
+}
+
+/// `dra-plugin mock-nvml-root`: the hardware flags of the simulated backend, and where to write.
+#[derive(Args, Debug)]
+pub struct MockRootArgs {
+    /// Name of the node the GPUs' identities derive from (same UUIDs as the simulated backend's).
+    #[arg(long, env = "NODE_NAME")]
+    pub node_name: String,
+    #[command(flatten)]
+    pub hardware: HardwareArgs,
+    /// Static MIG layout the mock starts with (`all-1g.10gb`, `3g.40gb,2g.20gb`, ...); none: MIG
+    /// mode off, as for DynamicMIG.
+    #[arg(long, env = "SIMULATED_MIG_LAYOUT")]
+    pub mig_layout: Option<String>,
+    /// Directory to write (created; an existing mock root there is replaced).
+    #[arg(long)]
+    pub out: PathBuf,
+    /// A built mock libnvidia-ml.so.1 to copy instead of building one.
+    #[arg(long, env = "MOCK_NVML_LIBRARY", conflicts_with = "mock_source")]
+    pub library: Option<PathBuf>,
+    /// The mock's sources (`make -C <dir> OUT=...`); default: the repository's `mock-nvml/`.
+    #[arg(long, env = "MOCK_NVML_SOURCE")]
+    pub mock_source: Option<PathBuf>,
 }
 
 #[cfg(test)]

@@ -15,12 +15,14 @@ use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use serde::{Deserialize, Serialize};
 use tracing::info;
 
+use dra_plugin_core::Error as CoreError;
+use dra_plugin_core::cdi::{CdiDevice, CdiStore, ContainerEdits, DeviceNode, Mount, Spec};
+use dra_plugin_core::checkpoint::{Checkpoint, ClaimRecord, ClaimState};
+use dra_plugin_core::fsutil::{remove_if_exists, write_atomic};
+use dra_plugin_core::types::{AllocatedDevice, ClaimAllocation, PreparedDevice};
+
 use crate::Error;
-use crate::core::Preparer;
-use crate::core::cdi::{CdiDevice, CdiStore, ContainerEdits, DeviceNode, Mount, Spec};
-use crate::core::checkpoint::{Checkpoint, ClaimRecord, ClaimState};
-use crate::core::fsutil::{remove_if_exists, write_atomic};
-use crate::core::types::{AllocatedDevice, ClaimAllocation, PreparedDevice};
+use crate::prepare::Preparer;
 
 pub const CD_DRIVER: &str = "compute-domain.nvidia.com";
 pub const DOMAIN_LABEL: &str = "resource.nvidia.com/computeDomain";
@@ -117,16 +119,16 @@ impl ComputeDomainState {
         alloc: &ClaimAllocation,
         d: &AllocatedDevice,
         kind: ComputeDomainDeviceKind,
-    ) -> Result<ComputeDomainConfig, Error> {
-        let decoded = crate::core::configs::decode_all(&alloc.configs)?;
+    ) -> Result<ComputeDomainConfig, CoreError> {
+        let decoded = dra_plugin_core::configs::decode_all(&alloc.configs)?;
         for (entry, config) in decoded.iter().rev() {
             let other_kind = config.compute_domain_kind().is_some_and(|k| k != kind);
             if !entry.requests.is_empty() {
-                if !crate::core::configs::names_request(entry, d) {
+                if !dra_plugin_core::configs::names_request(entry, d) {
                     continue;
                 }
                 if other_kind {
-                    return Err(Error::InvalidAllocation(format!(
+                    return Err(CoreError::InvalidAllocation(format!(
                         "{}: a {} cannot apply to {} of request {}",
                         entry.path,
                         config.kind_name(),
@@ -143,19 +145,19 @@ impl ComputeDomainState {
             ComputeDomainDeviceKind::Channel => "ComputeDomainChannelConfig",
             ComputeDomainDeviceKind::Daemon => "ComputeDomainDaemonConfig",
         };
-        Err(Error::InvalidAllocation(format!(
+        Err(CoreError::InvalidAllocation(format!(
             "device {}: no opaque {want} for request {}, and the built-in default has no domainID \
              (domainID cannot be empty)",
             d.device, d.request
         )))
     }
 
-    fn channel_numbers(&self, all_channels: bool) -> Result<Vec<u32>, Error> {
+    fn channel_numbers(&self, all_channels: bool) -> Result<Vec<u32>, CoreError> {
         if !all_channels {
             return Ok(vec![0]);
         }
         let entries = std::fs::read_dir(&self.channels_dir)
-            .map_err(|e| Error::io("listing IMEX channels", &self.channels_dir, e))?;
+            .map_err(|e| CoreError::io("listing IMEX channels", &self.channels_dir, e))?;
         let mut n: Vec<u32> = entries
             .filter_map(|e| {
                 e.ok()?
@@ -168,7 +170,7 @@ impl ComputeDomainState {
             .collect();
         n.sort_unstable();
         if n.is_empty() {
-            return Err(Error::Device(format!(
+            return Err(CoreError::Device(format!(
                 "no IMEX channels in {}",
                 self.channels_dir.display()
             )));
@@ -204,10 +206,11 @@ impl ComputeDomainState {
             return Ok(r.devices);
         }
         if alloc.devices.is_empty() {
-            return Err(Error::InvalidAllocation(format!(
+            return Err(CoreError::InvalidAllocation(format!(
                 "ResourceClaim {} has no devices of {CD_DRIVER} here",
                 alloc.claim.key()
-            )));
+            ))
+            .into());
         }
         let mut holdings = Vec::new();
         let mut cdi_devices = Vec::new();
@@ -220,10 +223,11 @@ impl ComputeDomainState {
                         all_channels,
                     } = Self::config(alloc, d, ComputeDomainDeviceKind::Channel)?
                     else {
-                        return Err(Error::InvalidAllocation(format!(
+                        return Err(CoreError::InvalidAllocation(format!(
                             "device {}: not given a channel config",
                             d.device
-                        )));
+                        ))
+                        .into());
                     };
                     let nodes = self.channel_numbers(all_channels)?;
                     holdings.push(Holding::Channel { domain_id });
@@ -241,10 +245,11 @@ impl ComputeDomainState {
                     let ComputeDomainConfig::Daemon { domain_id } =
                         Self::config(alloc, d, ComputeDomainDeviceKind::Daemon)?
                     else {
-                        return Err(Error::InvalidAllocation(format!(
+                        return Err(CoreError::InvalidAllocation(format!(
                             "device {}: not given a daemon config",
                             d.device
-                        )));
+                        ))
+                        .into());
                     };
                     let dir = self.plugin_dir.join("domains").join(&domain_id);
                     std::fs::create_dir_all(&dir)
@@ -269,10 +274,11 @@ impl ComputeDomainState {
                     }
                 }
                 other => {
-                    return Err(Error::InvalidAllocation(format!(
+                    return Err(CoreError::InvalidAllocation(format!(
                         "device {}/{other}: not a device of {CD_DRIVER}",
                         d.pool
-                    )));
+                    ))
+                    .into());
                 }
             };
             cdi_devices.push(CdiDevice {
@@ -293,9 +299,9 @@ impl ComputeDomainState {
         });
         if let Some(domain) = &channel_domain {
             if let Some(other) = self.domains_in_use(uid).into_iter().find(|o| o != domain) {
-                return Err(Error::Busy(format!(
+                return Err(CoreError::Busy(format!(
                     "this node serves ComputeDomain {other}; a channel of {domain} cannot be prepared here"
-                )));
+                )).into());
             }
             if let Some(l) = &self.labeler {
                 l.set(Some(domain)).await?;
@@ -313,7 +319,7 @@ impl ComputeDomainState {
             unknown: Default::default(),
         };
         let spec = Spec {
-            cdi_version: crate::core::cdi::CDI_VERSION.into(),
+            cdi_version: dra_plugin_core::cdi::CDI_VERSION.into(),
             kind: format!("{CDI_VENDOR}/claim"),
             annotations: BTreeMap::new(),
             devices: cdi_devices,

@@ -1,18 +1,20 @@
 //! `dra-plugin`: the kubelet DRA plugin for NVIDIA GPUs (driver `gpu.nvidia.com`).
 //!
-//! Layers, cheapest to test first: [`core`] (prepare/unprepare, checkpoint, CDI; no Kubernetes or
-//! gRPC types), [`backend`] (where GPUs come from), [`grpc`] (the kubelet's protocols), [`kube`]
-//! (ResourceClaims in, ResourceSlices out), and [`run`] wiring it together.
+//! The node's logic is the `dra-plugin-core` crate (prepare/unprepare, checkpoint, CDI, sharing,
+//! health; no Kubernetes or gRPC types). This crate wires it up: [`backend`] (where GPUs come
+//! from: NVML, or the core's simulated backend), [`prepare`] (what the DRA calls drive),
+//! [`grpc`] (the kubelet's protocols), [`kube`] (ResourceClaims in, ResourceSlices and taints
+//! out), [`computedomain`] (the compute-domain driver) and [`run`] putting it together.
 
 pub mod backend;
 pub mod cli;
 pub mod computedomain;
-pub mod core;
 mod error;
 pub mod gates;
 pub mod grpc;
 pub mod kube;
 pub mod metrics;
+pub mod prepare;
 pub mod run;
 
 pub use error::Error;

@@ -5,9 +5,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::Context;
+use dra_plugin_core::backend::DeviceBackend;
+use dra_plugin_core::cdi::CdiStore;
+use dra_plugin_core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
+use dra_plugin_core::health::HealthTracker;
+use dra_plugin_core::state::DeviceState;
 use gpu_dra_api::gates::{Component, FeatureGates};
 use gpu_dra_api::inventory::Inventory;
-use gpu_dra_api::simulated::{GpuGroup, HardwareFile};
 use gpu_dra_api::slices::{
     SliceContent, SliceOptions, TaintMap, build_pool, enable_consumable_shares, to_resource_slices,
 };
@@ -15,63 +19,23 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-use crate::backend::nvml::NvmlBackend;
-use crate::backend::simulated::SimulatedBackend;
-use crate::backend::{DeviceBackend, HealthEvent};
-use crate::cli::{Backend, DeviceArgs, Output, RunArgs, SlicesArgs};
-use crate::core::cdi::CdiStore;
-use crate::core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
-use crate::core::health::HealthTracker;
-use crate::core::state::DeviceState;
-use crate::core::{ClaimSource, Preparer};
+use crate::backend::build_backend;
+use crate::cli::{Output, RunArgs, SlicesArgs};
 use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
 use crate::kube::claims::{ApiClaims, FileClaims};
 use crate::kube::events::{ApiNodeEvents, NodeEvents};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
+use crate::kube::taints::taint_map;
 use crate::metrics::Metrics;
+use crate::prepare::{ClaimSource, Preparer};
 
+mod health;
 mod kubelet;
+mod shutdown;
+use health::{spawn_health, spawn_health_monitor};
 use kubelet::serve_kubelet;
-
-/// The device backend; `health_file` is where a simulated node takes injected health events.
-pub fn build_backend(
-    args: &DeviceArgs,
-    health_file: Option<std::path::PathBuf>,
-) -> anyhow::Result<Arc<dyn DeviceBackend>> {
-    Ok(match args.backend {
-        Backend::Simulated => {
-            let (groups, default_layout) = match &args.hardware.hardware_file {
-                Some(path) => (HardwareFile::load(path)?.gpus, args.mig_layout.clone()),
-                None => {
-                    anyhow::ensure!(
-                        !args.hardware.profiles.is_empty(),
-                        "--backend simulated needs --profile (e.g. h100-80gb:8) or --hardware-file"
-                    );
-                    let groups = args
-                        .hardware
-                        .profiles
-                        .iter()
-                        .map(|p| GpuGroup::parse(p))
-                        .collect::<Result<Vec<_>, _>>()?;
-                    (groups, args.mig_layout.clone())
-                }
-            };
-            let gates = FeatureGates::parse(&args.feature_gates)?;
-            let layout = if gates.dynamic_mig() {
-                None
-            } else {
-                default_layout
-            };
-            let sim = SimulatedBackend::new(&args.node_name, &groups, layout.as_deref())?;
-            Arc::new(match health_file {
-                Some(path) => sim.with_health_file(path),
-                None => sim,
-            })
-        }
-        Backend::Nvml => Arc::new(NvmlBackend::new(args.driver_root.clone())?),
-    })
-}
+use shutdown::{shutdown_signal, wait};
 
 /// `dra-plugin slices`: what this node would publish.
 pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
@@ -164,28 +128,6 @@ async fn kube_client(path: Option<&Path>) -> anyhow::Result<kube::Client> {
         None => kube::Config::infer().await?,
     };
     Ok(kube::Client::try_from(config)?)
-}
-
-fn shutdown_signal() -> watch::Receiver<bool> {
-    let (tx, rx) = watch::channel(false);
-    tokio::spawn(async move {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = term.recv() => info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => info!("interrupt: shutting down"),
-        }
-        let _ = tx.send(true);
-    });
-    rx
-}
-
-async fn wait(mut rx: watch::Receiver<bool>) {
-    while !*rx.borrow() {
-        if rx.changed().await.is_err() {
-            return;
-        }
-    }
 }
 
 /// `dra-plugin run`: serves until SIGTERM or Ctrl-C.
@@ -347,7 +289,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     }
     if health_enabled {
         let publish = move |t: &HealthTracker| {
-            let _ = contents_tx.send(pool(&|c| t.taint_map(c)));
+            let _ = contents_tx.send(pool(&|c| taint_map(t, c)));
         };
         spawn_health_monitor(
             backend.clone(),
@@ -440,92 +382,6 @@ fn node_events(
             node_uid,
         }) as Arc<dyn NodeEvents>
     })
-}
-
-/// gRPC health (`liveness`): serving only while our own registration socket answers GetInfo.
-async fn spawn_health(
-    port: u16,
-    reg_path: std::path::PathBuf,
-    shutdown: watch::Receiver<bool>,
-) -> anyhow::Result<()> {
-    let (reporter, service) = tonic_health::server::health_reporter();
-    let listener = tokio::net::TcpListener::bind(SocketAddr::from(([0, 0, 0, 0], port))).await?;
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming_shutdown(incoming, wait(shutdown.clone())),
-    );
-    tokio::spawn(async move {
-        loop {
-            let ok = crate::grpc::client::get_info(&reg_path).await.is_ok();
-            let status = if ok {
-                tonic_health::ServingStatus::Serving
-            } else {
-                tonic_health::ServingStatus::NotServing
-            };
-            reporter.set_service_status("liveness", status).await;
-            tokio::time::sleep(Duration::from_secs(10)).await;
-            if *shutdown.borrow() {
-                break;
-            }
-        }
-    });
-    Ok(())
-}
-
-/// Feeds the backend's health events into the tracker; on every change republishes the slices
-/// with taints and wakes the kubelet health streams. Faults are also expired once a second.
-fn spawn_health_monitor(
-    backend: Arc<dyn DeviceBackend>,
-    tracker: Arc<Mutex<HealthTracker>>,
-    changed: watch::Sender<u64>,
-    publish: impl Fn(&HealthTracker) + Send + 'static,
-    shutdown: watch::Receiver<bool>,
-) {
-    let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<HealthEvent>>(16);
-    let stop = shutdown.clone();
-    std::thread::Builder::new()
-        .name("health-events".into())
-        .spawn(move || {
-            while !*stop.borrow() {
-                match backend.health_events(Duration::from_secs(1)) {
-                    Ok(events) if events.is_empty() => {}
-                    Ok(events) => {
-                        if tx.blocking_send(events).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) => {
-                        warn!(error = %e, "reading health events failed");
-                        std::thread::sleep(Duration::from_secs(5));
-                    }
-                }
-            }
-        })
-        .expect("spawning the health thread");
-    tokio::spawn(async move {
-        let mut shutdown = shutdown;
-        loop {
-            let events = tokio::select! {
-                e = rx.recv() => match e { Some(e) => e, None => return },
-                _ = tokio::time::sleep(Duration::from_secs(1)) => Vec::new(),
-                _ = shutdown.changed() => return,
-            };
-            let now = std::time::SystemTime::now();
-            let mut t = tracker.lock().expect("health lock");
-            let mut dirty = t.expire(now);
-            for ev in &events {
-                warn!(gpu = ev.minor, uuid = %ev.uuid, kind = ?ev.kind, "GPU health event");
-                dirty |= t.apply(ev, now);
-            }
-            if dirty {
-                publish(&t);
-                drop(t);
-                changed.send_modify(|n| *n += 1);
-            }
-        }
-    });
 }
 
 /// Unprepares claims whose ResourceClaim is gone or was re-created: stale `PrepareStarted`

@@ -327,7 +327,7 @@ async fn concurrent_calls_for_different_claims() {
 
 #[tokio::test]
 async fn a_clean_stop_leaves_the_newest_checkpoint_in_the_first_file() {
-    use dra_plugin::core::checkpoint::{decode, read_newest};
+    use dra_plugin_core::checkpoint::{decode, read_newest};
     let dir = tempfile::tempdir().unwrap();
     let p = start(dir.path()).await;
     for (name, uid, dev) in [("a", "uid-a", "gpu-1"), ("b", "uid-b", "gpu-2")] {

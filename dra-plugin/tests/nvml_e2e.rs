@@ -109,6 +109,8 @@ impl Plugin {
             .arg(dir.join("boot_id"))
             .args(["--metrics-port", "0", "--healthcheck-port", "0"])
             .env("HOST_SYSFS_ROOT", &node.sysfs)
+            // The driver root comes from the flag alone.
+            .env_remove("NVIDIA_DRIVER_ROOT")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -374,6 +376,67 @@ async fn the_plugin_waits_for_the_driver_and_says_why() {
     assert!(
         p.registered(dir.path(), Duration::from_secs(60)).await,
         "registered once the driver is up:\n{}",
+        p.log()
+    );
+    p.stop();
+}
+
+/// `--driver-root` given as a flag (no `NVIDIA_DRIVER_ROOT` in the environment) is where the MPS
+/// control daemon comes from too, not `/`. The driver root's `nvidia-cuda-mps-control` here is a
+/// stand-in that says it ran and fails, so the claim's error shows which binary was started.
+#[tokio::test]
+async fn mps_control_comes_from_the_driver_root_given_as_a_flag() {
+    if !can_build() {
+        return;
+    }
+    let inv = simulate_node("node-1", &[GpuGroup::parse("h100-80gb:1").unwrap()], None).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let node = MockNode::new(dir.path(), &inv);
+    let bin = node.driver_root.join("usr/bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    let control = bin.join("nvidia-cuda-mps-control");
+    std::fs::write(
+        &control,
+        "#!/bin/sh\necho \"driver-root nvidia-cuda-mps-control $*\" >&2\nexit 1\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&control, std::fs::Permissions::from_mode(0o755)).unwrap();
+
+    let mut p = Plugin::start(dir.path(), &node, "MPSSupport=true");
+    assert!(
+        p.registered(dir.path(), Duration::from_secs(60)).await,
+        "not registered:\n{}",
+        p.log()
+    );
+    let obj = serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "mps", "namespace": "ns", "uid": "uid-mps"},
+        "spec": {"devices": {"requests": []}},
+        "status": {"allocation": {"devices": {
+            "results": [{"request": "gpu", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}],
+            "config": [{"source": "FromClaim", "opaque": {"driver": "gpu.nvidia.com", "parameters": {
+                "apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig",
+                "sharing": {"strategy": "MPS"}}}}]
+        }}}
+    });
+    common::put_claim(dir.path(), &obj);
+    let c = v1::Claim {
+        namespace: "ns".into(),
+        uid: "uid-mps".into(),
+        name: "mps".into(),
+    };
+    let mut client = DraPluginClient::new(
+        unix_channel(&dir.path().join("plugin/dra.sock"))
+            .await
+            .unwrap(),
+    );
+    let resp = common::prepare(&mut client, &c).await;
+    assert!(
+        resp.error
+            .contains("driver-root nvidia-cuda-mps-control -d"),
+        "the driver root's MPS control was started: {}\n{}",
+        resp.error,
         p.log()
     );
     p.stop();

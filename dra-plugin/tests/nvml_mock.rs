@@ -7,8 +7,8 @@ mod harness;
 use std::time::Duration;
 
 use dra_plugin::backend::nvml::{NvmlBackend, NvmlOptions};
-use dra_plugin::backend::simulated::SimulatedBackend;
-use dra_plugin::backend::{ComputeMode, DeviceBackend, HealthEventKind};
+use dra_plugin_core::backend::simulated::SimulatedBackend;
+use dra_plugin_core::backend::{ComputeMode, DeviceBackend, HealthEventKind};
 use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::profiles;
 use gpu_dra_api::simulated::{GpuGroup, simulate_node};

@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use dra_plugin::cli::{Cli, Command};
-use dra_plugin::core::sharing::SharingStateFile;
-use dra_plugin::core::sharing::runner::proc_start_time;
 use dra_plugin::grpc::client::{get_info, unix_channel};
+use dra_plugin_core::sharing::SharingStateFile;
+use dra_plugin_core::sharing::runner::proc_start_time;
 use kubelet_proto::dra_v1::{self as v1, dra_plugin_client::DraPluginClient};
 use tokio::sync::watch;
 

@@ -1,7 +1,7 @@
-//! `dra-controller eval` and `dra-controller simulate`.
+//! The `eval` and `simulate` commands (`dra-controller eval`, `dra-controller simulate`).
 use super::alloc::{AllocatedState, Allocator, SimNode, explain::StageCounts};
 use super::input::{self, Objects};
-use anyhow::{Context, Result, bail};
+use crate::{Error, Result};
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceClaim, ResourceSlice};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -10,27 +10,27 @@ use std::path::PathBuf;
 pub const EMBEDDED_CLASSES: &[(&str, &str)] = &[
     (
         "deviceclasses/gpu.nvidia.com.yaml",
-        include_str!("../../../deviceclasses/gpu.nvidia.com.yaml"),
+        include_str!("../../deviceclasses/gpu.nvidia.com.yaml"),
     ),
     (
         "deviceclasses/mig.nvidia.com.yaml",
-        include_str!("../../../deviceclasses/mig.nvidia.com.yaml"),
+        include_str!("../../deviceclasses/mig.nvidia.com.yaml"),
     ),
     (
         "deviceclasses/vfio.gpu.nvidia.com.yaml",
-        include_str!("../../../deviceclasses/vfio.gpu.nvidia.com.yaml"),
+        include_str!("../../deviceclasses/vfio.gpu.nvidia.com.yaml"),
     ),
     (
         "deviceclasses/migration.gpu.nvidia.com.yaml",
-        include_str!("../../../deviceclasses/migration.gpu.nvidia.com.yaml"),
+        include_str!("../../deviceclasses/migration.gpu.nvidia.com.yaml"),
     ),
     (
         "deviceclasses/compute-domain-daemon.nvidia.com.yaml",
-        include_str!("../../../deviceclasses/compute-domain-daemon.nvidia.com.yaml"),
+        include_str!("../../deviceclasses/compute-domain-daemon.nvidia.com.yaml"),
     ),
     (
         "deviceclasses/compute-domain-default-channel.nvidia.com.yaml",
-        include_str!("../../../deviceclasses/compute-domain-default-channel.nvidia.com.yaml"),
+        include_str!("../../deviceclasses/compute-domain-default-channel.nvidia.com.yaml"),
     ),
 ];
 
@@ -101,7 +101,7 @@ fn profile_slices(
 ) -> Result<Vec<ResourceSlice>> {
     let p: Vec<&str> = profiles.iter().map(|s| s.as_str()).collect();
     gpu_dra_api::slices::simulated_node_slices(node, &p, None, dynamic_mig)
-        .map_err(|e| anyhow::anyhow!("--profile {}: {e}", profiles.join(",")))
+        .map_err(|e| Error::invalid(format!("--profile {}: {e}", profiles.join(","))))
 }
 
 #[derive(Serialize)]
@@ -117,19 +117,21 @@ struct EvalRow {
 
 pub async fn eval(args: EvalArgs) -> Result<()> {
     if args.selector.len() > super::cel::MAX_EXPRESSION_LENGTH {
-        bail!(
+        return Err(Error::invalid(format!(
             "selector: Too long: may not be more than {} bytes",
             super::cel::MAX_EXPRESSION_LENGTH
-        );
+        )));
     }
-    let prog = super::cel::compile(&args.selector).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let prog = super::cel::compile(&args.selector).map_err(Error::Invalid)?;
     let mut objs = Objects::default();
     if !args.profile.is_empty() {
         objs.slices = profile_slices(&args.profile, SIM_NODE, args.dynamic_mig)?;
     } else if !args.slices.is_empty() {
         input::load_paths(&args.slices, &mut objs)?;
     } else {
-        bail!("eval needs --slices <files|dirs> or --profile <profile>");
+        return Err(Error::invalid(
+            "eval needs --slices <files|dirs> or --profile <profile>",
+        ));
     }
     let mut rows = Vec::new();
     for s in &objs.slices {
@@ -215,10 +217,10 @@ pub async fn load_scenario(args: &SimulateArgs) -> Result<Scenario> {
     let mut claims = Objects::default();
     input::load_paths(&args.claims, &mut claims)?;
     if claims.claims.is_empty() {
-        bail!(
+        return Err(Error::invalid(format!(
             "no ResourceClaim or ResourceClaimTemplate found in {:?}",
             args.claims
-        );
+        )));
     }
     let mut objs = Objects::default();
     if args.classes.is_empty() && args.kubeconfig.is_none() {
@@ -254,7 +256,9 @@ pub async fn load_scenario(args: &SimulateArgs) -> Result<Scenario> {
     });
     allocated.extend(done);
     if pending.is_empty() {
-        bail!("all claims in the input are already allocated; nothing to simulate");
+        return Err(Error::invalid(
+            "all claims in the input are already allocated; nothing to simulate",
+        ));
     }
     let mut names: Vec<String> = match &args.node {
         Some(n) => vec![n.clone()],
@@ -436,7 +440,9 @@ pub async fn simulate(args: SimulateArgs) -> Result<()> {
         Output::Table => emit(&render_table(&outcomes)),
     }
     if !outcomes.iter().any(|o| o.fits) {
-        bail!("unsatisfiable on all {} node(s)", outcomes.len());
+        return Err(Error::Unsatisfiable {
+            nodes: outcomes.len(),
+        });
     }
     Ok(())
 }
@@ -452,13 +458,19 @@ mod live {
         allocated: &mut Vec<ResourceClaim>,
     ) -> Result<()> {
         let config = if path.is_empty() {
-            kube::Config::infer().await.context("loading kubeconfig")?
+            kube::Config::infer().await.map_err(Error::InferConfig)?
         } else {
-            let kc = kube::config::Kubeconfig::read_from(path)
-                .with_context(|| format!("reading kubeconfig {path}"))?;
+            let kc =
+                kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
+                    what: format!("reading kubeconfig {path}"),
+                    source,
+                })?;
             kube::Config::from_custom_kubeconfig(kc, &Default::default())
                 .await
-                .with_context(|| format!("kubeconfig {path}"))?
+                .map_err(|source| Error::Kubeconfig {
+                    what: format!("kubeconfig {path}"),
+                    source,
+                })?
         };
         let client = kube::Client::try_from(config)?;
         let lp = ListParams::default();
@@ -467,7 +479,10 @@ mod live {
             slices
                 .list(&lp)
                 .await
-                .context("listing ResourceSlices")?
+                .map_err(|source| Error::List {
+                    kind: "ResourceSlices",
+                    source,
+                })?
                 .items,
         );
         let classes: Api<k8s_openapi::api::resource::v1::DeviceClass> = Api::all(client.clone());
@@ -475,7 +490,10 @@ mod live {
             classes
                 .list(&lp)
                 .await
-                .context("listing DeviceClasses")?
+                .map_err(|source| Error::List {
+                    kind: "DeviceClasses",
+                    source,
+                })?
                 .items,
         );
         let claims: Api<ResourceClaim> = Api::all(client.clone());
@@ -483,7 +501,10 @@ mod live {
             claims
                 .list(&lp)
                 .await
-                .context("listing ResourceClaims")?
+                .map_err(|source| Error::List {
+                    kind: "ResourceClaims",
+                    source,
+                })?
                 .items
                 .into_iter()
                 .filter(|c| {
@@ -494,8 +515,16 @@ mod live {
                 }),
         );
         let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(client);
-        objs.nodes
-            .extend(nodes.list(&lp).await.context("listing Nodes")?.items);
+        objs.nodes.extend(
+            nodes
+                .list(&lp)
+                .await
+                .map_err(|source| Error::List {
+                    kind: "Nodes",
+                    source,
+                })?
+                .items,
+        );
         Ok(())
     }
 }

@@ -1,7 +1,7 @@
 //! Loading resource.k8s.io/v1 objects from multi-document YAML or JSON files and directories, with
 //! errors naming the file, the document (counted from 1, with the object's kind and name) and the
 //! field path; fields the API does not know are errors, as with kubectl's strict validation.
-use anyhow::{Context, Result, bail};
+use crate::{Error, Result};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
@@ -22,7 +22,10 @@ pub fn expand(paths: &[PathBuf]) -> Result<Vec<PathBuf>> {
     for p in paths {
         if p.is_dir() {
             let mut v: Vec<PathBuf> = std::fs::read_dir(p)
-                .with_context(|| format!("reading directory {}", p.display()))?
+                .map_err(|source| Error::Io {
+                    what: format!("reading directory {}", p.display()),
+                    source,
+                })?
                 .filter_map(|e| e.ok().map(|e| e.path()))
                 .filter(|f| {
                     matches!(
@@ -44,21 +47,28 @@ fn typed<T: serde::de::DeserializeOwned + serde::Serialize>(
     v: serde_yaml::Value,
     origin: &str,
 ) -> Result<T> {
-    let json: serde_json::Value =
-        serde_json::to_value(&v).with_context(|| format!("{origin}: not representable as JSON"))?;
+    let json: serde_json::Value = serde_json::to_value(&v).map_err(|source| Error::Encode {
+        what: format!("{origin}: not representable as JSON"),
+        source,
+    })?;
     let t: T = serde_path_to_error::deserialize(&json).map_err(|e| {
         let path = e.path().to_string();
-        anyhow::anyhow!(
+        Error::Invalid(format!(
             "{origin}: field {}: {}",
             if path == "." { "(root)".into() } else { path },
             e.inner()
-        )
+        ))
     })?;
     // The API server rejects unknown fields (kubectl's default strict validation); here a typo
     // such as `deviceClasName` would otherwise vanish and the answer would be for another claim.
-    let back = serde_json::to_value(&t).with_context(|| format!("{origin}: re-encoding"))?;
+    let back = serde_json::to_value(&t).map_err(|source| Error::Encode {
+        what: format!("{origin}: re-encoding"),
+        source,
+    })?;
     if let Some(path) = unknown_field(&json, &back, &mut String::new()) {
-        bail!("{origin}: field {path}: unknown field");
+        return Err(Error::Invalid(format!(
+            "{origin}: field {path}: unknown field"
+        )));
     }
     Ok(t)
 }
@@ -104,8 +114,8 @@ pub fn load_str(name: &str, text: &str, objs: &mut Objects) -> Result<()> {
     // Documents count from 1, as a person counts them in the file.
     for (i, doc) in serde_yaml::Deserializer::from_str(text).enumerate() {
         let origin = format!("{name}: document {}", i + 1);
-        let v =
-            serde_yaml::Value::deserialize(doc).map_err(|e| anyhow::anyhow!("{origin}: {e}"))?;
+        let v = serde_yaml::Value::deserialize(doc)
+            .map_err(|e| Error::Invalid(format!("{origin}: {e}")))?;
         add_value(v, &origin, objs)?;
     }
     Ok(())
@@ -153,10 +163,12 @@ fn add_value(v: serde_yaml::Value, origin: &str, objs: &mut Objects) -> Result<(
                 }
             }
         }
-        "" => bail!("{origin}: field kind: missing"),
-        other => bail!(
-            "{origin}: field kind: unsupported kind {other:?} (want ResourceSlice, DeviceClass, ResourceClaim, ResourceClaimTemplate or Node)"
-        ),
+        "" => return Err(Error::Invalid(format!("{origin}: field kind: missing"))),
+        other => {
+            return Err(Error::Invalid(format!(
+                "{origin}: field kind: unsupported kind {other:?} (want ResourceSlice, DeviceClass, ResourceClaim, ResourceClaimTemplate or Node)"
+            )));
+        }
     }
     Ok(())
 }
@@ -184,8 +196,10 @@ pub fn claim_from_template(t: &ResourceClaimTemplate) -> ResourceClaim {
 
 pub fn load_paths(paths: &[PathBuf], objs: &mut Objects) -> Result<()> {
     for f in expand(paths)? {
-        let text =
-            std::fs::read_to_string(&f).with_context(|| format!("reading {}", f.display()))?;
+        let text = std::fs::read_to_string(&f).map_err(|source| Error::Io {
+            what: format!("reading {}", f.display()),
+            source,
+        })?;
         load_str(&f.display().to_string(), &text, objs)?;
     }
     Ok(())

@@ -1,16 +1,19 @@
 //! The local simulator: the Kubernetes DRA CEL environment (`cel`), the scheduler's structured
-//! allocator (`alloc`), input loading (`input`) and the `eval` / `simulate` commands (`cli`).
+//! allocator (`alloc`), input loading (`input`) and the `eval` / `simulate` commands (`cli`), which
+//! the `dra-controller` binary exposes as its subcommands of the same names.
 pub mod alloc;
 pub mod cel;
 pub mod cli;
+mod error;
 pub mod input;
 
 pub use cli::{EvalArgs, SimulateArgs};
+pub use error::{Error, Result};
 
-pub async fn eval(args: EvalArgs) -> anyhow::Result<()> {
+pub async fn eval(args: EvalArgs) -> Result<()> {
     cli::eval(args).await
 }
 
-pub async fn simulate(args: SimulateArgs) -> anyhow::Result<()> {
+pub async fn simulate(args: SimulateArgs) -> Result<()> {
     cli::simulate(args).await
 }

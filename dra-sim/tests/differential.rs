@@ -27,8 +27,8 @@
 //! CEL evaluations (runtime `no overload` details differ in wording; compile errors carry no
 //! source snippet).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
-use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
-use dra_controller::sim::cel;
+use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
+use dra_sim::cel;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value as J, json};
 use std::path::PathBuf;

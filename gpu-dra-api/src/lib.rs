@@ -10,6 +10,7 @@ pub mod inventory;
 pub mod profiles;
 pub mod quantity;
 pub mod simulated;
+#[cfg(feature = "slices")]
 pub mod slices;
 
 /// The driver name, and the attribute domain of unqualified attributes.

@@ -23,6 +23,7 @@ pub const NO_COLOR_ENV: &str = "NO_COLOR";
 const OWN_CRATES: &[&str] = &[
     "dra_plugin",
     "dra_controller",
+    "dra_sim",
     "gpu_dra_api",
     "gpu_dra_log",
     "kubelet_proto",

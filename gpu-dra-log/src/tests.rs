@@ -64,6 +64,7 @@ fn verbosity_maps_like_klog_with_dependencies_one_step_quieter() {
             .unwrap()
             .to_string();
         assert!(d.contains(&format!("dra_controller={own}")), "{d}");
+        assert!(d.contains(&format!("dra_sim={own}")), "{d}");
         assert!(d.contains(&format!("gpu_dra_api={own}")), "{d}");
         (own, deps)
     };

@@ -1,5 +1,7 @@
-//! Device backends: where GPUs come from (simulated profiles or NVML), how MIG and sharing
-//! settings are changed, and what the hardware says about its health.
+//! The device port: where GPUs come from, how MIG and sharing settings are changed, and what the
+//! hardware says about its health. The core drives it; the simulated backend here and the NVML
+//! backend of the plugin crate implement it.
+use std::path::PathBuf;
 use std::time::Duration;
 
 use gpu_dra_api::config::TimeSliceInterval;
@@ -7,8 +9,6 @@ use gpu_dra_api::inventory::{Inventory, MigDevice};
 
 use crate::Error;
 
-pub mod nvml;
-pub mod nvml_mock_root;
 pub mod simulated;
 
 /// Blocking calls; async callers run them on the blocking pool.
@@ -53,6 +53,13 @@ pub trait DeviceBackend: Send + Sync + 'static {
         )))
     }
 
+    /// The root of the driver installation whose tools serve these GPUs: the MPS control daemon
+    /// is `<root>/usr/bin/nvidia-cuda-mps-control`. `None` for GPUs without a driver (simulated
+    /// ones), whose claims get a stand-in daemon.
+    fn driver_root(&self) -> Option<PathBuf> {
+        None
+    }
+
     /// Blocks for up to `timeout` and returns the health events that arrived meanwhile. A
     /// backend that cannot watch a GPU reports `Unmonitored` for it once.
     fn health_events(&self, timeout: Duration) -> Result<Vec<HealthEvent>, Error> {
@@ -91,19 +98,4 @@ pub enum HealthEventKind {
     Unmonitored,
     /// The GPU reports healthy again (after a reset, or the simulator says so).
     Healthy,
-}
-
-/// XIDs that an application causes (illegal address, MMU fault of a process, ...) and that say
-/// nothing about the GPU's health; NVIDIA's driver ignores the same ones by default.
-pub const APPLICATION_XIDS: &[u64] = &[13, 31, 43, 45, 68, 109];
-
-impl HealthEvent {
-    /// Whether the GPU should stop taking new work.
-    pub fn makes_unhealthy(&self) -> bool {
-        match self.kind {
-            HealthEventKind::Xid(code) => !APPLICATION_XIDS.contains(&code),
-            HealthEventKind::DoubleBitEcc | HealthEventKind::GpuLost => true,
-            HealthEventKind::Unmonitored | HealthEventKind::Healthy => false,
-        }
-    }
 }

@@ -19,7 +19,7 @@ use gpu_dra_api::config::TimeSliceInterval;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::core::fsutil::write_atomic;
+use crate::fsutil::write_atomic;
 
 /// What the plugin has applied to each GPU, written to `sharing.json` in the plugin directory
 /// after every change so operators (and the e2e tests) can see it without NVML.

@@ -32,7 +32,7 @@ use gpu_dra_api::config::MpsConfig;
 use serde::{Deserialize, Serialize};
 
 use crate::Error;
-use crate::core::cdi::Mount;
+use crate::cdi::Mount;
 
 /// Where the container sees the claim's pipe directory.
 pub const CONTAINER_PIPE_DIR: &str = "/tmp/nvidia-mps";

@@ -286,7 +286,7 @@ impl ProcessRunner for StandInRunner {
     fn stop(&self, daemon: &MpsDaemon, handle: Option<&DaemonHandle>) -> Result<(), Error> {
         let handle = handle.copied().or_else(|| self.find(daemon));
         let control = daemon.control_path();
-        crate::core::fsutil::remove_if_exists(&control)
+        crate::fsutil::remove_if_exists(&control)
             .map_err(|e| Error::io("removing the MPS control pipe", &control, e))?;
         match handle {
             Some(h) => wait_gone(self, &h),

@@ -17,11 +17,11 @@ use crate::Error;
 use crate::backend::ComputeMode;
 use crate::backend::DeviceBackend;
 use crate::backend::simulated::SimulatedBackend;
-use crate::core::cdi::CdiStore;
-use crate::core::checkpoint::Checkpoint;
-use crate::core::checkpoint::{ClaimRecord, ClaimState};
-use crate::core::state::*;
-use crate::core::types::{AllocatedDevice, ClaimAllocation, ClaimRef, ConfigEntry, ConfigSource};
+use crate::cdi::CdiStore;
+use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{ClaimRecord, ClaimState};
+use crate::state::*;
+use crate::types::{AllocatedDevice, ClaimAllocation, ClaimRef, ConfigEntry, ConfigSource};
 
 const GATES: &str = "TimeSlicingSettings=true,MPSSupport=true,ConsumableShares=true";
 

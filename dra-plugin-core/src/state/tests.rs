@@ -5,9 +5,8 @@ use serde_json::json;
 
 use super::*;
 use crate::backend::simulated::SimulatedBackend;
-use crate::core::Preparer;
-use crate::core::cdi::CdiStore;
-use crate::core::types::{ConfigEntry, ConfigSource};
+use crate::cdi::CdiStore;
+use crate::types::{AllocatedDevice, ConfigEntry, ConfigSource};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -83,7 +82,7 @@ async fn prepare_writes_cdi_and_is_idempotent_and_unprepare_undoes_it() {
         devices,
         "same answer twice"
     );
-    assert_eq!(f.state.prepared_device_count(), 2);
+    assert_eq!(f.state.checkpoint().prepared_device_count(), 2);
 
     f.state.unprepare("u1").await.unwrap();
     assert!(f.cdi.read("u1").unwrap().is_none());
@@ -318,7 +317,7 @@ async fn many_claims_prepare_concurrently() {
     for t in tasks {
         t.await.unwrap().unwrap();
     }
-    assert_eq!(f.state.prepared_device_count(), 56);
+    assert_eq!(f.state.checkpoint().prepared_device_count(), 56);
     assert_eq!(f.cdi.claim_uids().len(), 56);
 }
 
@@ -404,7 +403,7 @@ async fn startup_repairs_missing_specs_and_sweeps_orphans() {
     assert_eq!(u1.devices[0].name, "u1-gpu-1");
     assert_eq!(
         serde_json::from_str::<Vec<PreparedDevice>>(
-            &u1.annotations[crate::core::cdi::ANNOTATION_DEVICES]
+            &u1.annotations[crate::cdi::ANNOTATION_DEVICES]
         )
         .unwrap(),
         whole

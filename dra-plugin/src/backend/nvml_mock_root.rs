@@ -34,35 +34,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{Context, bail};
-use clap::Args;
 use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::profiles::{self, MigProfile};
 use gpu_dra_api::simulated::{SIM_CUDA_DRIVER_VERSION, sim_mig_uuid};
 
-use crate::cli::{Backend, DeviceArgs, HardwareArgs};
-
-/// `dra-plugin mock-nvml-root`: the hardware flags of the simulated backend, and where to write.
-#[derive(Args, Debug)]
-pub struct MockRootArgs {
-    /// Name of the node the GPUs' identities derive from (same UUIDs as the simulated backend's).
-    #[arg(long, env = "NODE_NAME")]
-    pub node_name: String,
-    #[command(flatten)]
-    pub hardware: HardwareArgs,
-    /// Static MIG layout the mock starts with (`all-1g.10gb`, `3g.40gb,2g.20gb`, ...); none: MIG
-    /// mode off, as for DynamicMIG.
-    #[arg(long, env = "SIMULATED_MIG_LAYOUT")]
-    pub mig_layout: Option<String>,
-    /// Directory to write (created; an existing mock root there is replaced).
-    #[arg(long)]
-    pub out: PathBuf,
-    /// A built mock libnvidia-ml.so.1 to copy instead of building one.
-    #[arg(long, env = "MOCK_NVML_LIBRARY", conflicts_with = "mock_source")]
-    pub library: Option<PathBuf>,
-    /// The mock's sources (`make -C <dir> OUT=...`); default: the repository's `mock-nvml/`.
-    #[arg(long, env = "MOCK_NVML_SOURCE")]
-    pub mock_source: Option<PathBuf>,
-}
+use crate::cli::{Backend, DeviceArgs, MockRootArgs};
 
 /// Where the mock's sources are in the repository this binary was built from.
 pub fn source_dir() -> PathBuf {
@@ -337,7 +313,7 @@ pub fn run(args: MockRootArgs) -> anyhow::Result<()> {
         mig_layout: args.mig_layout.clone(),
         driver_root: None,
     };
-    let inv = crate::run::build_backend(&device, None)?.discover()?;
+    let inv = crate::backend::build_backend(&device, None)?.discover()?;
     let out = std::path::absolute(&args.out)?;
     let library = match &args.library {
         Some(lib) => lib.clone(),

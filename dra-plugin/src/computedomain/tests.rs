@@ -3,7 +3,7 @@ use std::sync::Mutex;
 use serde_json::json;
 
 use super::*;
-use crate::core::types::{ClaimRef, ConfigEntry, ConfigSource};
+use dra_plugin_core::types::{ClaimRef, ConfigEntry, ConfigSource};
 
 #[derive(Default)]
 struct FakeLabeler(Mutex<Option<String>>);

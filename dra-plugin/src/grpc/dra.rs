@@ -8,9 +8,9 @@ use kubelet_proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::core::types::ClaimRef;
-use crate::core::{ClaimSource, Preparer};
 use crate::metrics::Metrics;
+use crate::prepare::{ClaimSource, Preparer};
+use dra_plugin_core::types::ClaimRef;
 
 #[derive(Clone)]
 pub struct DraService {

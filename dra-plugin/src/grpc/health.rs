@@ -10,9 +10,9 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status};
 
-use crate::core::checkpoint::ClaimState;
-use crate::core::health::{Health, HealthTracker, gpu_of};
-use crate::core::state::DeviceState;
+use dra_plugin_core::checkpoint::ClaimState;
+use dra_plugin_core::health::{Health, HealthTracker, gpu_of};
+use dra_plugin_core::state::DeviceState;
 
 /// Heartbeat: the kubelet marks a device Unknown when it hears nothing for its timeout (30 s).
 const HEARTBEAT: Duration = Duration::from_secs(10);

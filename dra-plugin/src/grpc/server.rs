@@ -19,7 +19,7 @@ pub fn bind(path: &Path) -> Result<(UnixListener, SocketGuard), Error> {
         std::fs::create_dir_all(dir)
             .map_err(|e| Error::io("creating the socket directory", dir, e))?;
     }
-    crate::core::fsutil::remove_if_exists(path)
+    dra_plugin_core::fsutil::remove_if_exists(path)
         .map_err(|e| Error::io("removing a stale socket", path, e))?;
     let listener = UnixListener::bind(path).map_err(|e| Error::io("binding", path, e))?;
     Ok((listener, SocketGuard(path.to_path_buf())))

@@ -8,8 +8,10 @@ use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
 use crate::Error;
-use crate::core::ClaimSource;
-use crate::core::types::{AllocatedDevice, ClaimAllocation, ClaimRef, ConfigEntry, ConfigSource};
+use crate::prepare::ClaimSource;
+use dra_plugin_core::types::{
+    AllocatedDevice, ClaimAllocation, ClaimRef, ConfigEntry, ConfigSource,
+};
 
 pub fn allocation_from_claim(
     obj: &ResourceClaim,

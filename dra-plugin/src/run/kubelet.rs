@@ -7,9 +7,8 @@ use kubelet_proto::registration::registration_server::RegistrationServer;
 use tokio::sync::watch;
 use tracing::{info, warn};
 
-use super::wait;
+use super::shutdown::wait;
 use crate::cli::RunArgs;
-use crate::core::checkpoint::Checkpoint;
 use crate::grpc::dra::DraService;
 use crate::grpc::health::HealthService;
 use crate::grpc::observe::{Observer, Socket};
@@ -18,6 +17,7 @@ use crate::grpc::routes::DraRoutes;
 use crate::grpc::server::SocketGuard;
 use crate::kube::events::NodeEvents;
 use crate::metrics::Metrics;
+use dra_plugin_core::checkpoint::Checkpoint;
 
 pub(super) struct KubeletServers {
     dra: tokio::task::JoinHandle<()>,

@@ -8,7 +8,7 @@
 pub mod explain;
 mod pools;
 
-use crate::sim::cel::{self, Cache, quantity::Quantity};
+use crate::cel::{self, Cache, value::quantity::Quantity};
 use k8s_openapi::api::core::v1::{NodeSelector, NodeSelectorRequirement, NodeSelectorTerm};
 use k8s_openapi::api::resource::v1::{
     AllocationResult, CapacityRequirements, DeviceAllocationConfiguration, DeviceAllocationResult,

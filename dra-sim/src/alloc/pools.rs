@@ -1,7 +1,7 @@
 //! Pool gathering (`pools_incubating.go`): node filtering, highest generation, completeness,
 //! validity, ordering by (driver, pool) and slices by name.
 use super::Allocator;
-use crate::sim::cel::quantity::Quantity;
+use crate::cel::value::quantity::Quantity;
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use std::borrow::Cow;

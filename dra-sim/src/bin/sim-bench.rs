@@ -28,8 +28,8 @@
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-use dra_controller::sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
-use dra_controller::sim::{cel, cli, input};
+use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
+use dra_sim::{cel, cli, input};
 use serde_json::json;
 use std::io::Write;
 use std::path::PathBuf;

@@ -139,6 +139,7 @@ fn scientific_takes_precision_as_width() {
     }
 }
 
+// A table of cases, one per row: long, not complex.
 #[test]
 fn literal_calls_are_checked_at_compile_time() {
     for (expr, want) in [

@@ -5,7 +5,8 @@
 //! attribute and capacity of the device converted), which dominates a cold allocation over
 //! thousands of nodes. Fused nodes charge the cost the unfused ones would have, and give the same
 //! values and errors; any other use of `device` still sees the whole value.
-use super::compile::{DeviceProp, FieldMode, Func, Node};
+use super::func::Func;
+use super::node::{Comp, DeviceProp, FieldMode, Node};
 use super::value::Value;
 use std::sync::Arc;
 
@@ -149,7 +150,7 @@ fn fuse_children(n: Node) -> Node {
         },
         Node::Comp(c) => {
             let c = *c;
-            Node::Comp(Box::new(super::compile::Comp {
+            Node::Comp(Box::new(Comp {
                 range: fuse(c.range),
                 init: fuse(c.init),
                 cond: fuse(c.cond),

@@ -7,58 +7,61 @@
 //! and cel-go's ` | ` caret-line indentation).
 //!
 //! Where we extend or wrap it (the crate has no static checker, no Kubernetes libraries and no cost
-//! limits, and its interpreter cannot express the `device` object's defaulting maps):
-//! - `types.rs` / `compile.rs`: a type checker with the DRA declarations (`device.driver`,
-//!   `attributes` as `map(string, map(string, google.protobuf.Any))`, `capacity` as
-//!   `map(string, map(string, kubernetes.Quantity))`, `allowMultipleAllocations`) and the library
-//!   signatures, giving cel-go's compile errors (undeclared reference, no matching overload,
-//!   heterogeneous literals, result must be bool or the unknown type) and regex-literal validation.
-//!   Macros the crate's parser leaves as plain calls are expanded here into our comprehension
-//!   nodes: two-variable comprehensions (`all/exists/existsOne(k, v, p)`), `transformList`,
-//!   `transformMap`, `transformMapEntry` (with and without filter), the ext.Lists `sortBy` macro,
-//!   and `cel.bind`.
-//! - `eval.rs`: our own interpreter over the checked program (compiled once, cached by `Cache`),
+//! limits, and its interpreter cannot express the `device` object's defaulting maps), by layer,
+//! each depending only on those above it:
+//! - `quote`, `types`, `func`: Go's string quoting; the static types; the functions a program
+//!   calls (`Func`, grouped by library).
+//! - `value/`: runtime values (`Value`) and the Kubernetes value types, each with its own parsing,
+//!   printing and comparison and no library code: `quantity` (parsing, comparison, arithmetic and
+//!   canonical formatting that keeps the parsed format: `10Gi` stays `10Gi`), `semver` (blang/semver
+//!   rules and the library's normalize mode), `net` and `url` (Go's `net/netip` and `net/url`
+//!   rules for what parses and how it prints: `ParseRequestURI`, then `Parse`; Go 1.26 strict
+//!   colons), `named_format` (the 13 named formats with apimachinery's name, label-key and
+//!   label-value rules and its trailing-dash masking for the `...Prefix` formats, `net/url`'s
+//!   `ParseRequestURI` for `uri`, kube-openapi's uuid, base64, date and date-time checks, and their
+//!   exact messages).
+//! - `lib/`: one module per CEL library holding everything about its functions — the names it
+//!   declares, overload resolution, evaluation and the runtime price: `stdlib` and `conversions`
+//!   (cel-go's standard library), `regex` (`matches`, `find`, `findAll`), `strings` (ext.Strings
+//!   v2 and `strings.quote`), `format` (ext.Strings `"<format>".format([args])` as v2 has it:
+//!   cel-go's first formatter, en_US `%f` grouping, `%e` with superscript exponents, with its
+//!   compile-time check of literal calls and the exemption of its arguments from the
+//!   homogeneous-literal rule), `lists` (ext.Lists v3 and the Kubernetes lists library v1 with
+//!   `includes`, new in 1.37), `sets` (ext.Sets), `optional`, `quantity` (`sign(q)` is a global
+//!   function, as upstream), `semver`, `net` (`ip`, `isIP`, `ip.isCanonical`, `cidr`, `isCIDR`,
+//!   their member functions, and the estimator's charges for parsing), `url`, `named_format`
+//!   (`format.named(string)`, an optional `kubernetes.NamedFormat`; `format.<name>()`;
+//!   `<format>.validate(string)`, none when valid, else the messages, priced as the estimator's
+//!   regex match; looked up by full name before `format` is taken as an identifier, as in
+//!   cel-go), and `authz` (`kubernetes.authorization.*` types and their member functions: the DRA
+//!   environment has no `authorizer` variable, so no value of these types exists; calls only
+//!   type-check through `dyn`, and fail with `no such overload` when run).
+//! - `compile/`: a type checker with the DRA declarations (`device.driver`, `attributes` as
+//!   `map(string, map(string, google.protobuf.Any))`, `capacity` as
+//!   `map(string, map(string, kubernetes.Quantity))`, `allowMultipleAllocations`) and the
+//!   libraries' signatures, giving cel-go's compile errors (undeclared reference, no matching
+//!   overload, heterogeneous literals, result must be bool or the unknown type) and regex-literal
+//!   validation. Macros the crate's parser leaves as plain calls are expanded into our
+//!   comprehension nodes (`compile/macros.rs`): two-variable comprehensions
+//!   (`all/exists/existsOne(k, v, p)`), `transformList`, `transformMap`, `transformMapEntry` (with
+//!   and without filter), the ext.Lists `sortBy` macro, and `cel.bind`.
+//! - `device`, `fuse`: selectors read the attributes they name straight from the ResourceSlice
+//!   device ([`RawDevice`]); the whole `device` value ([`device_value`]) is built only for other
+//!   uses of `device`. [`device_check`] raises the conversion errors the whole value would, once
+//!   per device (the allocator keeps the outcome in its `DeviceCache`).
+//! - `eval/`: our own interpreter over the checked program (compiled once, cached by `Cache`),
 //!   with cel-go's error-absorbing `&&`/`||`, heterogeneous equality, cross-type numeric
-//!   comparison, optional types (presence tests on non-maps answer "absent" like cel-go),
-//!   ext.Strings v2 (+ `strings.quote`, `format`), ext.Lists v3, Kubernetes lists library v1 (with
-//!   `includes`, new in 1.37), ext.Sets, regex `find`/`findAll`, and a runtime cost counter with
-//!   the 1,000,000 limit (`actual cost limit exceeded`) that counts as cel-go's cost tracker does
-//!   with the Kubernetes estimator (`ActualCost`): identifiers and qualifiers 1 (presence tests
-//!   and missed optional qualifiers nothing), constants and literals of constants nothing (built
-//!   when planning), other list/map literals 10/30, calls by cel-go's, ext.Lists', ext.Sets' and
-//!   the Kubernetes library's prices on the argument values, calls after a failed argument as
-//!   cel-go still charges them, and the limit checked after each step, ending the evaluation.
-//! - `quantity.rs`: Kubernetes quantity parsing/comparison/arithmetic and canonical formatting
-//!   that keeps the parsed format (`10Gi` stays `10Gi`; `sign(q)` is a global function, as
-//!   upstream); `semver.rs`: blang/semver rules and the library's normalize mode.
-//! - `net.rs` / `url.rs`: the base environment's IP, CIDR and URL libraries (`ip`, `isIP`,
-//!   `ip.isCanonical`, `cidr`, `isCIDR`, `url`, `isURL` and their member functions, the `net.IP`
-//!   and `net.CIDR` type names), with Go's `net/netip` and `net/url` (`ParseRequestURI`, then
-//!   `Parse`; Go 1.26 strict colons) rules for what parses and how it prints, and the cost
-//!   estimator's charges for parsing.
-//! - `named_format.rs`: the base environment's Kubernetes format library: `format.named(string)`
-//!   (an optional `kubernetes.NamedFormat`), `format.<name>()` for the 13 named formats and
-//!   `<format>.validate(string)` (none when valid, else the messages), with apimachinery's name,
-//!   label-key and label-value rules (and its trailing-dash masking for the `...Prefix` formats),
-//!   `net/url`'s `ParseRequestURI` for `uri` and kube-openapi's uuid, base64, date and date-time
-//!   checks, their exact messages, and the estimator's regex-match price for `validate`. Its
-//!   functions are looked up by full name before `format` is taken as an identifier, as in cel-go.
-//! - `fuse.rs`: selectors read the attributes they name straight from the ResourceSlice device
-//!   ([`RawDevice`]); the whole `device` value ([`device_value`]) is built only for other uses of
-//!   `device`. [`device_check`] raises the conversion errors the whole value would, once per
-//!   device (the allocator keeps the outcome in its `DeviceCache`).
+//!   comparison, optional types (presence tests on non-maps answer "absent" like cel-go), and a
+//!   runtime cost counter with the 1,000,000 limit (`actual cost limit exceeded`) that counts as
+//!   cel-go's cost tracker does with the Kubernetes estimator (`ActualCost`): identifiers and
+//!   qualifiers 1 (presence tests and missed optional qualifiers nothing), constants and literals
+//!   of constants nothing (built when planning), other list/map literals 10/30, calls by the
+//!   libraries' prices on the argument values, calls after a failed argument as cel-go still
+//!   charges them, and the limit checked after each step, ending the evaluation.
 //!
-//! Checked against cel-go by `tests/sim_differential.rs` (random selectors over random devices,
+//! Checked against cel-go by `tests/differential.rs` (random selectors over random devices,
 //! through the Go oracle on k8s.io/dynamic-resource-allocation v0.37.2): results, error kinds and
 //! the runtime cost of every evaluation cel-go reports one for.
-//!
-//! - `format.rs`: ext.Strings `"<format>".format([args])` as v2 has it (cel-go's first
-//!   formatter: en_US `%f` grouping, `%e` with superscript exponents), with its compile-time
-//!   check of literal calls and the exemption of its arguments from the homogeneous-literal rule.
-//!
-//! - `compile.rs` also declares the authz library (`kubernetes.authorization.*` types and their
-//!   member functions). The DRA environment has no `authorizer` variable, so no value of these
-//!   types exists: calls only type-check through `dyn`, and fail with `no such overload` when run.
 //!
 //! Not covered (documented differences): static cost estimation (the scheduler does not
 //! estimate; only admission does); the wording of some runtime `no such overload` errors (cel-go
@@ -72,19 +75,18 @@
 //! a failing argument, an optional index by a computed key, a field of a whole ternary) follow
 //! cel-go's rules as read from its source, unchecked.
 pub mod compile;
+pub mod device;
 pub mod eval;
-pub mod format;
+pub mod func;
 pub mod fuse;
-pub mod named_format;
-pub mod net;
-pub mod quantity;
-pub mod semver;
+pub mod lib;
+pub mod node;
+pub mod quote;
 pub mod types;
-pub mod url;
 pub mod value;
 
-use k8s_openapi::api::resource::v1::{DeviceAttribute, DeviceCapacity};
-use std::collections::{BTreeMap, HashMap};
+pub use device::{RawDevice, device_check, device_value};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 pub use value::Value;
 
@@ -93,7 +95,7 @@ pub const MAX_EXPRESSION_LENGTH: usize = 10 * 1024;
 
 #[derive(Debug)]
 pub struct Program {
-    node: compile::Node,
+    node: node::Node,
     slots: usize,
 }
 
@@ -135,27 +137,6 @@ pub(crate) fn compile_unfused(expr: &str) -> Result<Program, String> {
     let mut c = compile::Compiler::new(&info, expr);
     let (node, _) = c.compile(&ast).expect("compiled once already");
     Ok(Program { node, ..p })
-}
-
-/// A ResourceSlice device as selectors see it, read in place.
-#[derive(Clone, Copy, Debug)]
-pub struct RawDevice<'a> {
-    pub driver: &'a str,
-    pub attributes: Option<&'a BTreeMap<String, DeviceAttribute>>,
-    pub capacity: Option<&'a BTreeMap<String, DeviceCapacity>>,
-    pub allow_multiple_allocations: bool,
-}
-
-impl<'a> RawDevice<'a> {
-    /// Device `d` of a slice of `driver`.
-    pub fn of(driver: &'a str, d: &'a k8s_openapi::api::resource::v1::Device) -> Self {
-        RawDevice {
-            driver,
-            attributes: d.attributes.as_ref(),
-            capacity: d.capacity.as_ref(),
-            allow_multiple_allocations: d.allow_multiple_allocations.unwrap_or(false),
-        }
-    }
 }
 
 impl Program {
@@ -231,142 +212,12 @@ pub fn enhance_runtime_error(e: &str) -> String {
     }
 }
 
-/// The error [`device_value`] would give for this device, without building anything.
-pub fn device_check(d: &RawDevice<'_>) -> Result<(), String> {
-    for (name, a) in d.attributes.into_iter().flatten() {
-        if a.int.is_none() && a.bool.is_none() && a.string.is_none() {
-            if a.version.as_deref().is_some_and(semver::is_plain) {
-                continue;
-            }
-            attribute_value(name, a)?;
-        }
-    }
-    for (name, c) in d.capacity.into_iter().flatten() {
-        capacity_value(name, c)?;
-    }
-    Ok(())
-}
-
-/// One attribute or capacity of a device as the whole `device` value would hold it under
-/// `domain`/`id`: when a qualified and an unqualified name land on the same key, the first
-/// in name order, as in [`device_value`].
-pub(crate) fn raw_field(
-    d: &RawDevice<'_>,
-    capacity: bool,
-    domain: &str,
-    id: &str,
-) -> Result<Option<Value>, String> {
-    fn find<'m, V>(
-        map: Option<&'m BTreeMap<String, V>>,
-        driver: &str,
-        domain: &str,
-        id: &str,
-    ) -> Option<(&'m String, &'m V)> {
-        let map = map?;
-        // The only names that can land on (domain, id): `id` itself, and the names that start
-        // with `domain` (they sort together, right after it). `split_qualified` decides, as
-        // for the whole value; the first in name order wins.
-        let same_domain = map
-            .range::<str, _>((
-                std::ops::Bound::Excluded(domain),
-                std::ops::Bound::Unbounded,
-            ))
-            .take_while(|(k, _)| k.starts_with(domain));
-        map.get_key_value(id)
-            .into_iter()
-            .chain(same_domain)
-            .filter(|(k, _)| split_qualified(k, driver) == (domain, id))
-            .min_by_key(|(k, _)| *k)
-    }
-    if capacity {
-        find(d.capacity, d.driver, domain, id)
-            .map(|(name, c)| capacity_value(name, c))
-            .transpose()
-    } else {
-        find(d.attributes, d.driver, domain, id)
-            .map(|(name, a)| attribute_value(name, a))
-            .transpose()
-    }
-}
-
-fn attribute_value(name: &str, a: &DeviceAttribute) -> Result<Value, String> {
-    Ok(if let Some(i) = a.int {
-        Value::Int(i)
-    } else if let Some(b) = a.bool {
-        Value::Bool(b)
-    } else if let Some(s) = &a.string {
-        Value::str(s)
-    } else if let Some(v) = &a.version {
-        Value::Semver(Arc::new(semver::Semver::parse(v).map_err(|e| {
-            format!("attribute {name}: parse semantic version: {e}")
-        })?))
-    } else {
-        return Err(format!("attribute {name}: unsupported attribute value"));
-    })
-}
-
-fn capacity_value(name: &str, c: &DeviceCapacity) -> Result<Value, String> {
-    quantity::Quantity::parse(&c.value.0)
-        .map(Value::Quantity)
-        .map_err(|e| format!("capacity {name}: {e}"))
-}
-
-fn split_qualified<'a>(name: &'a str, driver: &'a str) -> (&'a str, &'a str) {
-    match name.find('/') {
-        Some(i) => (&name[..i], &name[i + 1..]),
-        None => (driver, name),
-    }
-}
-
-/// Builds the `device` variable: unqualified names under the driver's domain, versions as semver.
-pub fn device_value(
-    driver: &str,
-    attributes: Option<&BTreeMap<String, DeviceAttribute>>,
-    capacity: Option<&BTreeMap<String, DeviceCapacity>>,
-    allow_multiple_allocations: bool,
-) -> Result<Value, String> {
-    let mut attrs: Vec<(String, value::MapVal)> = Vec::new();
-    fn domain_entry<'m>(v: &'m mut Vec<(String, value::MapVal)>, d: &str) -> &'m mut value::MapVal {
-        if let Some(i) = v.iter().position(|(k, _)| k == d) {
-            return &mut v[i].1;
-        }
-        v.push((d.to_string(), value::MapVal::default()));
-        &mut v.last_mut().expect("pushed").1
-    }
-    for (name, a) in attributes.into_iter().flatten() {
-        let (dom, id) = split_qualified(name, driver);
-        let val = attribute_value(name, a)?;
-        domain_entry(&mut attrs, dom)
-            .entries
-            .push((Value::str(id), val));
-    }
-    let mut caps: Vec<(String, value::MapVal)> = Vec::new();
-    for (name, c) in capacity.into_iter().flatten() {
-        let (dom, id) = split_qualified(name, driver);
-        let q = capacity_value(name, c)?;
-        domain_entry(&mut caps, dom)
-            .entries
-            .push((Value::str(id), q));
-    }
-    let outer = |v: Vec<(String, value::MapVal)>| {
-        Value::Map(Arc::new(value::MapVal {
-            entries: v
-                .into_iter()
-                .map(|(k, m)| (Value::str(&k), Value::Map(Arc::new(m))))
-                .collect(),
-            default_empty: true,
-        }))
-    };
-    Ok(Value::Device(Arc::new(value::DeviceVal {
-        driver: Value::str(driver),
-        attributes: outer(attrs),
-        capacity: outer(caps),
-        allow_multiple_allocations,
-    })))
-}
-
+#[cfg(test)]
+mod cost_tests;
 #[cfg(test)]
 mod format_tests;
+#[cfg(test)]
+mod fuse_tests;
 #[cfg(test)]
 mod named_format_tests;
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The Kubernetes format library. Expected messages, results, compile errors and costs were
 //! checked against the Go side (the apiserver library's `ConstantFormats` and the DRA CEL
 //! environment of k8s.io/dynamic-resource-allocation v0.37.2).
-use super::named_format::{FORMATS, lookup};
+use super::value::named_format::{FORMATS, lookup};
 use super::*;
 
 const LABEL_1123: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";

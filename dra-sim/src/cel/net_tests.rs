@@ -22,6 +22,7 @@ fn err(expr: &str, want: &str) {
     }
 }
 
+// A table of cases, one per row: long, not complex.
 #[test]
 fn ip_parse_and_canonical_forms() {
     for s in [

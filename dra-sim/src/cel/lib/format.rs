@@ -3,9 +3,39 @@
 //! thousands, `%e` prints `1.000000×10⁰⁰` and takes its "precision" as a width, and `%s` of a
 //! double uses Go's `%g`. Literal format strings over literal lists are validated at compile time
 //! ([`check`]) with the static types of the arguments; everything else fails at run time
-//! ([`format`]).
-use super::types::Ty;
-use super::value::{BYTES_NOT_UTF8, Value};
+//! ([`format`](fn@format)).
+use super::overload::{Resolved, Sig};
+use super::price::{size, tenths};
+use crate::cel::func::Func;
+use crate::cel::quote::go_quote;
+use crate::cel::types::Ty;
+use crate::cel::value::{BYTES_NOT_UTF8, EvalResult, Value, no_overload};
+
+/// The names this library declares (a call with other arguments finds no overload).
+pub(super) const NAMES: &[&str] = &["format"];
+
+pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
+    match (s.name, s.member, s.t.len()) {
+        ("format", true, 2) if s.is(0, &Ty::Str) && s.list_like(1) => {
+            Some(Ok((Func::Format, Ty::Str)))
+        }
+        _ => None,
+    }
+}
+
+pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
+    match (f, &a[0], &a[1]) {
+        (Func::Format, Value::Str(s), Value::List(l)) => format(s, l).map(|s| Value::str(&s)),
+        _ => no_overload(),
+    }
+}
+
+pub(super) fn cost(f: Func, a: &[Value]) -> u64 {
+    match f {
+        Func::Format => tenths(a.first().map(size).unwrap_or(1), 1),
+        _ => 1,
+    }
+}
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Verb {
@@ -348,58 +378,6 @@ pub fn go_g(x: f64) -> String {
         }
     };
     format!("{sign}{body}")
-}
-
-/// The escapes Go writes with a letter (or the character itself) in a quoted string; both
-/// `strings.quote` and `strconv.Quote` use them.
-pub(crate) fn go_escape(c: char) -> Option<&'static str> {
-    Some(match c {
-        '"' => "\\\"",
-        '\\' => "\\\\",
-        '\u{7}' => "\\a",
-        '\u{8}' => "\\b",
-        '\u{c}' => "\\f",
-        '\n' => "\\n",
-        '\r' => "\\r",
-        '\t' => "\\t",
-        '\u{b}' => "\\v",
-        _ => return None,
-    })
-}
-
-/// Go's `strconv.Quote`. Printability is approximated without Unicode tables: controls,
-/// separators other than the space, format characters, private use and non-characters are
-/// escaped; unassigned code points are not (Go escapes them).
-pub fn go_quote(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for c in s.chars() {
-        let u = c as u32;
-        match go_escape(c) {
-            Some(e) => out.push_str(e),
-            None if go_printable(c) => out.push(c),
-            None if u < 0x80 => out.push_str(&format!("\\x{u:02x}")),
-            None if u < 0x10000 => out.push_str(&format!("\\u{u:04x}")),
-            None => out.push_str(&format!("\\U{u:08x}")),
-        }
-    }
-    out.push('"');
-    out
-}
-
-fn go_printable(c: char) -> bool {
-    let u = c as u32;
-    if u < 0x80 {
-        return (0x20..0x7f).contains(&u);
-    }
-    !(c.is_control()
-        || c.is_whitespace()
-        || matches!(u,
-            0xad | 0x600..=0x605 | 0x61c | 0x6dd | 0x70f | 0x180e | 0x200b..=0x200f
-            | 0x202a..=0x202e | 0x2060..=0x206f | 0xfeff | 0xfff9..=0xfffb | 0x110bd
-            | 0x1bca0..=0x1bca3 | 0x1d173..=0x1d17a | 0xe0001 | 0xe0020..=0xe007f
-            | 0xe000..=0xf8ff | 0xf0000.. | 0xfdd0..=0xfdef)
-        || u & 0xfffe == 0xfffe)
 }
 
 /// A `format` argument as the compile-time check sees it: its expression id, static type, and

@@ -1,11 +1,21 @@
 //! Runtime values of the DRA CEL environment.
-use super::named_format::NamedFormat;
-use super::net::{Addr, Prefix};
-use super::quantity::Quantity;
-use super::semver::Semver;
-use super::url::Url;
+//!
+//! The value types of the Kubernetes libraries live here too, each with its own parsing, printing
+//! and comparison, and none with CEL library code (that is `lib`): `quantity`, `semver`, `net`
+//! (IP addresses and prefixes), `url` and `named_format`.
+pub mod named_format;
+pub mod net;
+pub mod quantity;
+pub mod semver;
+pub mod url;
+
+use named_format::NamedFormat;
+use net::{Addr, Prefix};
+use quantity::Quantity;
+use semver::Semver;
 use std::cmp::Ordering;
 use std::sync::Arc;
+use url::Url;
 
 #[derive(Clone, Debug)]
 pub enum Value {
@@ -47,6 +57,16 @@ pub struct DeviceVal {
 }
 
 pub type EvalResult = Result<Value, String>;
+
+/// cel-go's error for a call whose arguments no overload takes.
+pub fn no_overload<T>() -> Result<T, String> {
+    Err(NO_OVERLOAD.to_string())
+}
+
+/// A boolean result.
+pub fn b(v: bool) -> EvalResult {
+    Ok(Value::Bool(v))
+}
 
 pub const NO_OVERLOAD: &str = "no such overload";
 /// `string(bytes)` on bytes that are not UTF-8 (also inside `format`'s `%s`).

@@ -106,31 +106,8 @@ fn parse_v6(input: &str, s: &str) -> Result<Addr, String> {
     }
     let mut i = 0;
     while i < 16 {
-        let b = s.as_bytes();
-        let mut off = 0;
-        let mut acc = 0u32;
-        while off < b.len() {
-            let Some(d) = (b[off] as char).to_digit(16) else {
-                break;
-            };
-            if off > 3 {
-                return Err(addr_err(
-                    input,
-                    "each group must have 4 or less digits",
-                    Some(s),
-                ));
-            }
-            acc = (acc << 4) | d;
-            off += 1;
-        }
-        if off == 0 {
-            return Err(addr_err(
-                input,
-                "each colon-separated field must have at least one digit",
-                Some(s),
-            ));
-        }
-        if off < b.len() && b[off] == b'.' {
+        let (acc, off) = hex_group(input, s)?;
+        if s.as_bytes().get(off) == Some(&b'.') {
             if ellipsis.is_none() && i != 12 {
                 return Err(addr_err(
                     input,
@@ -182,13 +159,53 @@ fn parse_v6(input: &str, s: &str) -> Result<Addr, String> {
     if !s.is_empty() {
         return Err(addr_err(input, "trailing garbage after address", Some(s)));
     }
-    if i < 16 {
+    expand_ellipsis(input, &mut ip, i, ellipsis)?;
+    Ok(Addr::V6(ip))
+}
+
+/// One hex group at the start of `s`: its value and how many digits it took.
+fn hex_group(input: &str, s: &str) -> Result<(u32, usize), String> {
+    let b = s.as_bytes();
+    let mut off = 0;
+    let mut acc = 0u32;
+    while off < b.len() {
+        let Some(d) = (b[off] as char).to_digit(16) else {
+            break;
+        };
+        if off > 3 {
+            return Err(addr_err(
+                input,
+                "each group must have 4 or less digits",
+                Some(s),
+            ));
+        }
+        acc = (acc << 4) | d;
+        off += 1;
+    }
+    if off == 0 {
+        return Err(addr_err(
+            input,
+            "each colon-separated field must have at least one digit",
+            Some(s),
+        ));
+    }
+    Ok((acc, off))
+}
+
+/// Fills the `::` (at byte `ellipsis`) of an address whose groups end at byte `end`.
+fn expand_ellipsis(
+    input: &str,
+    ip: &mut [u8; 16],
+    end: usize,
+    ellipsis: Option<usize>,
+) -> Result<(), String> {
+    if end < 16 {
         let Some(e) = ellipsis else {
             return Err(addr_err(input, "address string too short", None));
         };
         // slide the groups after `::` to the end and zero the gap
-        let n = 16 - i;
-        ip.copy_within(e..i, e + n);
+        let n = 16 - end;
+        ip.copy_within(e..end, e + n);
         ip[e..e + n].fill(0);
     } else if ellipsis.is_some() {
         return Err(addr_err(
@@ -197,7 +214,7 @@ fn parse_v6(input: &str, s: &str) -> Result<Addr, String> {
             None,
         ));
     }
-    Ok(Addr::V6(ip))
+    Ok(())
 }
 
 impl Addr {

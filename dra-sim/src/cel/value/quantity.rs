@@ -117,44 +117,7 @@ impl Quantity {
             return Err(ERR_FORMAT.to_string());
         }
         let suffix = &s[i..];
-        // validate suffix shape like the Go parser: letters then optional signed digits
-        let (base, exp10): (u32, i32) = match suffix {
-            "" => (10, 0),
-            "n" => (10, -9),
-            "u" => (10, -6),
-            "m" => (10, -3),
-            "k" => (10, 3),
-            "M" => (10, 6),
-            "G" => (10, 9),
-            "T" => (10, 12),
-            "P" => (10, 15),
-            "E" => (10, 18),
-            "Ki" => (2, 10),
-            "Mi" => (2, 20),
-            "Gi" => (2, 30),
-            "Ti" => (2, 40),
-            "Pi" => (2, 50),
-            "Ei" => (2, 60),
-            _ => {
-                let sb = suffix.as_bytes();
-                if (sb[0] == b'e' || sb[0] == b'E') && sb.len() > 1 {
-                    let rest = &suffix[1..];
-                    let ok = rest
-                        .strip_prefix(['+', '-'])
-                        .unwrap_or(rest)
-                        .bytes()
-                        .all(|c| c.is_ascii_digit())
-                        && !rest.strip_prefix(['+', '-']).unwrap_or(rest).is_empty();
-                    if !ok {
-                        return Err(suffix_err(suffix));
-                    }
-                    let e: i32 = rest.parse().map_err(|_| ERR_SUFFIX.to_string())?;
-                    (10, e)
-                } else {
-                    return Err(suffix_err(suffix));
-                }
-            }
-        };
+        let (base, exp10) = suffix_scale(suffix)?;
         let digits = digits.trim_start_matches('0');
         let mut mant: i128 = 0;
         let mut exp: i32 = -frac_len;
@@ -407,6 +370,48 @@ impl Quantity {
             _ => format!("{m}e{e}"),
         }
     }
+}
+
+/// A suffix's base and exponent (`Ki`: 2^10, `M`: 10^6, `e3`: 10^3), validated like the Go parser:
+/// letters, or `e`/`E` and optionally signed digits.
+fn suffix_scale(suffix: &str) -> Result<(u32, i32), String> {
+    Ok(match suffix {
+        "" => (10, 0),
+        "n" => (10, -9),
+        "u" => (10, -6),
+        "m" => (10, -3),
+        "k" => (10, 3),
+        "M" => (10, 6),
+        "G" => (10, 9),
+        "T" => (10, 12),
+        "P" => (10, 15),
+        "E" => (10, 18),
+        "Ki" => (2, 10),
+        "Mi" => (2, 20),
+        "Gi" => (2, 30),
+        "Ti" => (2, 40),
+        "Pi" => (2, 50),
+        "Ei" => (2, 60),
+        _ => {
+            let sb = suffix.as_bytes();
+            if (sb[0] == b'e' || sb[0] == b'E') && sb.len() > 1 {
+                let rest = &suffix[1..];
+                let ok = rest
+                    .strip_prefix(['+', '-'])
+                    .unwrap_or(rest)
+                    .bytes()
+                    .all(|c| c.is_ascii_digit())
+                    && !rest.strip_prefix(['+', '-']).unwrap_or(rest).is_empty();
+                if !ok {
+                    return Err(suffix_err(suffix));
+                }
+                let e: i32 = rest.parse().map_err(|_| ERR_SUFFIX.to_string())?;
+                (10, e)
+            } else {
+                return Err(suffix_err(suffix));
+            }
+        }
+    })
 }
 
 #[cfg(test)]

@@ -332,7 +332,7 @@ impl Url {
     pub fn request_uri_error(s: &str) -> Option<String> {
         parse_go(s, true)
             .err()
-            .map(|e| format!("parse {}: {e}", super::format::go_quote(s)))
+            .map(|e| format!("parse {}: {e}", crate::cel::quote::go_quote(s)))
     }
 
     /// `url(s)`: must pass `ParseRequestURI`; the value is what `Parse` makes of it.

@@ -1,0 +1,256 @@
+//! Type checking of calls: the name a call is resolved by (namespaced globals), the macros the
+//! parser leaves as calls (see `macros`), the logical and conditional operators and optional
+//! selection, regex literals (compiled and validated here), and library functions through
+//! overload resolution (`lib::resolve`), with ext.Strings' compile-time `format` check.
+use super::{Compiler, Node, R, attr_map_ty, cap_map_ty};
+use crate::cel::func::Func;
+use crate::cel::lib::format::{self, StaticArg};
+use crate::cel::lib::resolve;
+use crate::cel::types::Ty;
+use crate::cel::value::{Value, named_format};
+use cel::IdedExpr;
+use cel::common::ast::{CallExpr, EntryExpr, Expr, LiteralValue};
+use std::sync::Arc;
+
+impl Compiler<'_> {
+    pub(super) fn call(&mut self, id: u64, call: &CallExpr) -> R {
+        let fname = call.func_name.as_str();
+        let (global, target) = self.namespaced(call);
+        if let Some(r) = self.macro_call(id, &global, target, call) {
+            return r;
+        }
+        match fname {
+            "_&&_" | "_||_" => return self.logical(id, fname, call),
+            "_?_:_" => return self.conditional(id, call),
+            "_?._" => return self.opt_select(id, call),
+            _ => {}
+        }
+        // regex with literal pattern: validate at compile time (ValidateRegexLiterals)
+        if let Some(t) = target
+            && matches!(fname, "matches" | "find" | "findAll")
+            && call.args.len() == 1
+            && let Expr::Literal(LiteralValue::String(p)) = &call.args[0].expr
+        {
+            let re = regex::Regex::new(p.inner())
+                .map_err(|e| self.err(call.args[0].id, format!("invalid matches argument: {e}")))?;
+            return self.regex_literal(id, fname, t, re);
+        }
+        self.function(id, &global, target, call)
+    }
+
+    /// The name a call is resolved by, and its receiver: a global of a namespace (`sets.contains`,
+    /// `format.named`) is written as a member call on the namespace's name.
+    fn namespaced<'c>(&self, call: &'c CallExpr) -> (String, Option<&'c IdedExpr>) {
+        let fname = call.func_name.as_str();
+        // namespaced globals: target is a plain identifier naming a namespace, not a variable
+        let mut global = fname.to_string();
+        let mut target = call.target.as_deref();
+        if let Some(t) = target
+            && let Expr::Ident(ns) = &t.expr
+        {
+            let is_var = ns == "device" || self.scopes.iter().any(|(n, _, _)| n == ns);
+            if !is_var
+                && matches!(
+                    ns.as_str(),
+                    "cel" | "sets" | "lists" | "optional" | "strings" | "math" | "ip"
+                )
+            {
+                global = format!("{ns}.{fname}");
+                target = None;
+            }
+            // The format library's functions are found by their full name before the target is
+            // looked at (as cel-go does, even when a variable is called `format`); other calls on
+            // `format` are member calls on an undeclared identifier.
+            if ns == "format" && (fname == "named" || named_format::lookup(fname).is_some()) {
+                global = format!("format.{fname}");
+                target = None;
+            }
+        }
+        (global, target)
+    }
+
+    /// `&&` and `||`.
+    fn logical(&mut self, id: u64, fname: &str, call: &CallExpr) -> R {
+        let (a, at) = self.compile(&call.args[0])?;
+        let (b, bt) = self.compile(&call.args[1])?;
+        if !Ty::Bool.accepts(&at) || !Ty::Bool.accepts(&bt) {
+            return Err(self.err(
+                id,
+                format!("found no matching overload for '{fname}' applied to '({at}, {bt})'"),
+            ));
+        }
+        let n = if fname == "_&&_" {
+            Node::And(Box::new(a), Box::new(b))
+        } else {
+            Node::OrOp(Box::new(a), Box::new(b))
+        };
+        Ok((n, Ty::Bool))
+    }
+
+    /// `c ? a : b`.
+    fn conditional(&mut self, id: u64, call: &CallExpr) -> R {
+        let (c, ct) = self.compile(&call.args[0])?;
+        let (a, at) = self.compile(&call.args[1])?;
+        let (b, bt) = self.compile(&call.args[2])?;
+        let rt = if Ty::Bool.accepts(&ct) {
+            at.unify(&bt)
+        } else {
+            None
+        };
+        let Some(rt) = rt else {
+            return Err(self.err(
+                id,
+                format!("found no matching overload for '_?_:_' applied to '({ct}, {at}, {bt})'"),
+            ));
+        };
+        Ok((Node::Cond(Box::new(c), Box::new(a), Box::new(b)), rt))
+    }
+
+    /// Optional field selection (`x.?f`).
+    fn opt_select(&mut self, id: u64, call: &CallExpr) -> R {
+        let (op, t) = self.compile(&call.args[0])?;
+        let Expr::Literal(LiteralValue::String(f)) = &call.args[1].expr else {
+            return Err(self.err(id, "unsupported optional field selection".into()));
+        };
+        let inner = match &t {
+            Ty::Device => match f.inner() {
+                "driver" => Ty::Str,
+                "attributes" => attr_map_ty(),
+                "capacity" => cap_map_ty(),
+                "allowMultipleAllocations" => Ty::Bool,
+                other => return Err(self.err(id, format!("undefined field '{other}'"))),
+            },
+            Ty::Map(_, v) => (**v).clone(),
+            Ty::Opt(inner) => match &**inner {
+                Ty::Map(_, v) => (**v).clone(),
+                _ => Ty::Dyn,
+            },
+            t if t.is_dyn() => Ty::Dyn,
+            _ => {
+                return Err(self.err(id, format!("type '{t}' does not support field selection")));
+            }
+        };
+        Ok((
+            Node::OptSelect {
+                operand: Box::new(op),
+                field: Value::str(f.inner()),
+            },
+            Ty::opt(inner),
+        ))
+    }
+
+    /// `matches`, `find` or `findAll` with a literal pattern, compiled once here.
+    fn regex_literal(&mut self, id: u64, fname: &str, t: &IdedExpr, re: regex::Regex) -> R {
+        let (tn, tt) = self.compile(t)?;
+        if !Ty::Str.accepts(&tt) {
+            return Err(self.err(
+                id,
+                format!("found no matching overload for '{fname}' applied to '{tt}.(string)'"),
+            ));
+        }
+        let (func, rt) = match fname {
+            "matches" => (Func::Matches, Ty::Bool),
+            "find" => (Func::Find, Ty::Str),
+            _ => (Func::FindAll, Ty::list(Ty::Str)),
+        };
+        Ok((
+            Node::RegexCall {
+                func,
+                target: Box::new(tn),
+                re: Arc::new(re),
+            },
+            rt,
+        ))
+    }
+
+    /// A library function: its receiver and arguments compiled, then overload resolution.
+    fn function(&mut self, id: u64, global: &str, target: Option<&IdedExpr>, call: &CallExpr) -> R {
+        let fname = call.func_name.as_str();
+        let is_format = fname == "format" && target.is_some();
+        self.in_format += usize::from(is_format);
+        let mut nodes = Vec::new();
+        let mut tys = Vec::new();
+        if let Some(t) = target {
+            let (n, ty) = self.compile(t)?;
+            nodes.push(n);
+            tys.push(ty);
+        }
+        for a in &call.args {
+            let (n, ty) = self.compile(a)?;
+            nodes.push(n);
+            tys.push(ty);
+        }
+        self.in_format -= usize::from(is_format);
+        let member = target.is_some();
+        match resolve(global, member, &tys) {
+            Ok((func, rt)) => {
+                if func == Func::Format {
+                    self.check_format(id, call);
+                }
+                Ok((Node::Call { func, args: nodes }, rt))
+            }
+            Err(None) => {
+                let shown = if member {
+                    format!(
+                        "{}.({})",
+                        tys[0],
+                        tys[1..]
+                            .iter()
+                            .map(|t| t.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                } else {
+                    format!(
+                        "({})",
+                        tys.iter()
+                            .map(|t| t.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )
+                };
+                Err(self.err(
+                    id,
+                    format!("found no matching overload for '{global}' applied to '{shown}'"),
+                ))
+            }
+            Err(Some(msg)) => Err(self.err(id, msg)),
+        }
+    }
+
+    /// ext.Strings' format validator: a literal format string over a literal list.
+    fn check_format(&mut self, id: u64, call: &CallExpr) {
+        let (Some(t), [arg]) = (call.target.as_deref(), call.args.as_slice()) else {
+            return;
+        };
+        let (Expr::Literal(LiteralValue::String(f)), Expr::List(l)) = (&t.expr, &arg.expr) else {
+            return;
+        };
+        let args: Vec<_> = l.elements.iter().map(|e| self.static_arg(e)).collect();
+        if let Err((at, msg)) = format::check(f.inner(), &args) {
+            self.invalid.push((at.unwrap_or(id), msg));
+        }
+    }
+
+    fn static_arg(&self, e: &IdedExpr) -> StaticArg {
+        let members = match &e.expr {
+            Expr::List(l) => l.elements.iter().map(|x| self.static_arg(x)).collect(),
+            Expr::Map(m) => m
+                .entries
+                .iter()
+                .filter_map(|en| match &en.expr {
+                    EntryExpr::MapEntry(me) => Some([&me.key, &me.value]),
+                    _ => None,
+                })
+                .flatten()
+                .map(|x| self.static_arg(x))
+                .collect(),
+            _ => Vec::new(),
+        };
+        StaticArg {
+            id: e.id,
+            ty: self.format_types.get(&e.id).cloned().unwrap_or(Ty::Dyn),
+            members,
+        }
+    }
+}

@@ -1,0 +1,509 @@
+//! cel-go's standard library: the operators (arithmetic, equality, ordering, `in`, indexing),
+//! `size`, `contains`/`startsWith`/`endsWith`, field selection, and the map building the
+//! two-variable comprehension macros use. Conversions are in `conversions`.
+use super::overload::{Resolved, Sig};
+use super::price::{size, tenths};
+use crate::cel::func::Func;
+use crate::cel::types::Ty;
+use crate::cel::value::{EvalResult, MapVal, Value, b, equals, no_overload, num_cmp};
+use std::cmp::Ordering;
+use std::sync::Arc;
+
+/// The names this library declares (a call with other arguments finds no overload).
+pub(super) const NAMES: &[&str] = &[
+    "_+_",
+    "_-_",
+    "_*_",
+    "_/_",
+    "_%_",
+    "-_",
+    "!_",
+    "_==_",
+    "_!=_",
+    "_<_",
+    "_<=_",
+    "_>_",
+    "_>=_",
+    "@in",
+    "_[_]",
+    "_[?_]",
+    "size",
+    "contains",
+    "startsWith",
+    "endsWith",
+];
+
+pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
+    arithmetic(s).or_else(|| relations(s))
+}
+
+/// `+`, `-`, `*`, `/`, `%`, negation and `!`.
+fn arithmetic(s: &Sig) -> Option<Resolved> {
+    use Func as F;
+    use Ty::*;
+    let (name, t, n) = (s.name, s.t, s.t.len());
+    Some(match (name, s.member, n) {
+        ("_+_", false, 2) => {
+            let Some(u) = t[0].unify(&t[1]) else {
+                return Some(Err(None));
+            };
+            match &u {
+                Int | Uint | Double | Str | Bytes | List(_) | Dyn => ok!(F::Add, u),
+                _ => Err(None),
+            }
+        }
+        ("_-_" | "_*_" | "_/_", false, 2) => {
+            let Some(u) = t[0].unify(&t[1]) else {
+                return Some(Err(None));
+            };
+            if u.is_num() || u == Dyn {
+                let f = match name {
+                    "_-_" => F::Sub,
+                    "_*_" => F::Mul,
+                    _ => F::Div,
+                };
+                ok!(f, u)
+            }
+            Err(None)
+        }
+        ("_%_", false, 2) => {
+            let Some(u) = t[0].unify(&t[1]) else {
+                return Some(Err(None));
+            };
+            if matches!(u, Int | Uint | Dyn) {
+                ok!(F::Mod, u)
+            }
+            Err(None)
+        }
+        ("-_", false, 1) => {
+            if matches!(t[0], Int | Double) || s.d(0) {
+                ok!(F::Neg, if s.d(0) { Dyn } else { t[0].clone() })
+            }
+            Err(None)
+        }
+        ("!_", false, 1) => {
+            if s.is(0, &Bool) {
+                ok!(F::Not, Bool)
+            }
+            Err(None)
+        }
+        _ => return None,
+    })
+}
+
+/// Equality, ordering, `in`, indexing, `size` and the string tests.
+fn relations(s: &Sig) -> Option<Resolved> {
+    use Func as F;
+    use Ty::*;
+    let (name, t, n) = (s.name, s.t, s.t.len());
+    Some(match (name, s.member, n) {
+        ("@not_strictly_false", false, 1) => ok!(F::NotStrictlyFalse, Bool),
+        ("_==_" | "_!=_", false, 2) => {
+            if t[0].unify(&t[1]).is_some() {
+                ok!(if name == "_==_" { F::Eq } else { F::Ne }, Bool)
+            }
+            Err(None)
+        }
+        ("_<_" | "_<=_" | "_>_" | "_>=_", false, 2) => {
+            let okk = (t[0].is_num() || s.d(0)) && (t[1].is_num() || s.d(1))
+                || t[0]
+                    .unify(&t[1])
+                    .is_some_and(|u| matches!(u, Str | Bytes | Bool | Dyn));
+            if okk {
+                let f = match name {
+                    "_<_" => F::Lt,
+                    "_<=_" => F::Le,
+                    "_>_" => F::Gt,
+                    _ => F::Ge,
+                };
+                ok!(f, Bool)
+            }
+            Err(None)
+        }
+        ("@in", false, 2) => match &t[1] {
+            List(e) if e.unify(&t[0]).is_some() => ok!(F::In, Bool),
+            Map(k, _) if k.unify(&t[0]).is_some() => ok!(F::In, Bool),
+            x if x.is_dyn() => ok!(F::In, Bool),
+            _ => Err(None),
+        },
+        ("_[_]", false, 2) => match &t[0] {
+            List(e) if s.is(1, &Int) || t[1] == Uint || t[1] == Double => {
+                ok!(F::Index, (**e).clone())
+            }
+            Map(k, v) if k.unify(&t[1]).is_some() => ok!(F::Index, (**v).clone()),
+            x if x.is_dyn() => ok!(F::Index, Dyn),
+            _ => Err(None),
+        },
+        ("_[?_]", false, 2) => match &t[0] {
+            List(e) => ok!(F::OptIndex, Ty::opt((**e).clone())),
+            Map(_, v) => ok!(F::OptIndex, Ty::opt((**v).clone())),
+            Opt(inner) => ok!(F::OptIndex, Ty::opt(inner.elem())),
+            x if x.is_dyn() => ok!(F::OptIndex, Ty::opt(Dyn)),
+            _ => Err(None),
+        },
+        ("size", _, 1) => {
+            if matches!(t[0], Str | Bytes | List(_) | Map(_, _)) || s.d(0) {
+                ok!(F::Size, Int)
+            }
+            Err(None)
+        }
+        ("contains" | "startsWith" | "endsWith", true, 2) => {
+            if s.is(0, &Str) && s.is(1, &Str) {
+                let f = match name {
+                    "contains" => F::Contains,
+                    "startsWith" => F::StartsWith,
+                    _ => F::EndsWith,
+                };
+                ok!(f, Bool)
+            }
+            Err(None)
+        }
+        _ => return None,
+    })
+}
+
+pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
+    use Value::*;
+    match f {
+        Func::Add => add(a),
+        Func::Sub => sub(a),
+        Func::Mul => mul(a),
+        Func::Div => match (&a[0], &a[1]) {
+            (Int(_), Int(0)) | (Uint(_), Uint(0)) => Err("division by zero".into()),
+            (Int(x), Int(y)) => x
+                .checked_div(*y)
+                .map(Int)
+                .ok_or_else(|| "integer overflow".into()),
+            (Uint(x), Uint(y)) => Ok(Uint(x / y)),
+            (Double(x), Double(y)) => Ok(Double(x / y)),
+            _ => no_overload(),
+        },
+        Func::Mod => match (&a[0], &a[1]) {
+            (Int(_), Int(0)) | (Uint(_), Uint(0)) => Err("modulus by zero".into()),
+            (Int(x), Int(y)) => x
+                .checked_rem(*y)
+                .map(Int)
+                .ok_or_else(|| "integer overflow".into()),
+            (Uint(x), Uint(y)) => Ok(Uint(x % y)),
+            _ => no_overload(),
+        },
+        Func::Neg => match &a[0] {
+            Int(x) => x
+                .checked_neg()
+                .map(Int)
+                .ok_or_else(|| "integer overflow".into()),
+            Double(x) => Ok(Double(-x)),
+            _ => no_overload(),
+        },
+        Func::Not => match &a[0] {
+            Bool(x) => b(!x),
+            _ => no_overload(),
+        },
+        Func::Eq => b(equals(&a[0], &a[1])?),
+        // cel-go's `!=` is "equality did not answer true": an error from a Kubernetes type's
+        // equality (a different type behind `dyn`) makes it true, where `==` fails
+        Func::Ne => b(!matches!(equals(&a[0], &a[1]), Ok(true))),
+        Func::Lt | Func::Le | Func::Gt | Func::Ge => {
+            let o = compare(&a[0], &a[1])?;
+            b(match f {
+                Func::Lt => o == Some(Ordering::Less),
+                Func::Le => matches!(o, Some(Ordering::Less | Ordering::Equal)),
+                Func::Gt => o == Some(Ordering::Greater),
+                _ => matches!(o, Some(Ordering::Greater | Ordering::Equal)),
+            })
+        }
+        Func::In => contained(a),
+        Func::Index => index(&a[0], &a[1]),
+        Func::OptIndex => match &a[0] {
+            Optional(None) => Ok(Optional(None)),
+            Optional(Some(inner)) => opt_index(inner, &a[1]),
+            v => opt_index(v, &a[1]),
+        },
+        Func::NotStrictlyFalse => unreachable_ok(),
+        Func::Size => match &a[0] {
+            Str(s) => Ok(Int(s.chars().count() as i64)),
+            Bytes(x) => Ok(Int(x.len() as i64)),
+            List(l) => Ok(Int(l.len() as i64)),
+            Map(m) => Ok(Int(m.entries.len() as i64)),
+            _ => no_overload(),
+        },
+        Func::Contains | Func::StartsWith | Func::EndsWith => match (&a[0], &a[1]) {
+            (Str(x), Str(y)) => b(match f {
+                Func::Contains => x.contains(y.as_ref()),
+                Func::StartsWith => x.starts_with(y.as_ref()),
+                _ => x.ends_with(y.as_ref()),
+            }),
+            _ => no_overload(),
+        },
+        Func::MapInsert | Func::MapMerge => map_insert(f, a),
+        _ => no_overload(),
+    }
+}
+
+/// `Add`.
+fn add(a: &[Value]) -> EvalResult {
+    use Value::*;
+    match (&a[0], &a[1]) {
+        (Int(x), Int(y)) => x
+            .checked_add(*y)
+            .map(Int)
+            .ok_or_else(|| "integer overflow".into()),
+        (Uint(x), Uint(y)) => x
+            .checked_add(*y)
+            .map(Uint)
+            .ok_or_else(|| "unsigned integer overflow".into()),
+        (Double(x), Double(y)) => Ok(Double(x + y)),
+        (Str(x), Str(y)) => Ok(Value::str(&format!("{x}{y}"))),
+        (Bytes(x), Bytes(y)) => Ok(Bytes(Arc::from([x.as_ref(), y.as_ref()].concat()))),
+        (List(x), List(y)) => {
+            let mut v = (**x).clone();
+            v.extend(y.iter().cloned());
+            Ok(List(Arc::new(v)))
+        }
+        _ => no_overload(),
+    }
+}
+
+/// `Sub`.
+fn sub(a: &[Value]) -> EvalResult {
+    use Value::*;
+    match (&a[0], &a[1]) {
+        (Int(x), Int(y)) => x
+            .checked_sub(*y)
+            .map(Int)
+            .ok_or_else(|| "integer overflow".into()),
+        (Uint(x), Uint(y)) => x
+            .checked_sub(*y)
+            .map(Uint)
+            .ok_or_else(|| "unsigned integer overflow".into()),
+        (Double(x), Double(y)) => Ok(Double(x - y)),
+        _ => no_overload(),
+    }
+}
+
+/// `Mul`.
+fn mul(a: &[Value]) -> EvalResult {
+    use Value::*;
+    match (&a[0], &a[1]) {
+        (Int(x), Int(y)) => x
+            .checked_mul(*y)
+            .map(Int)
+            .ok_or_else(|| "integer overflow".into()),
+        (Uint(x), Uint(y)) => x
+            .checked_mul(*y)
+            .map(Uint)
+            .ok_or_else(|| "unsigned integer overflow".into()),
+        (Double(x), Double(y)) => Ok(Double(x * y)),
+        _ => no_overload(),
+    }
+}
+
+/// `In`.
+fn contained(a: &[Value]) -> EvalResult {
+    use Value::*;
+    match &a[1] {
+        List(l) => {
+            for x in l.iter() {
+                if equals(x, &a[0]).unwrap_or(false) {
+                    return b(true);
+                }
+            }
+            b(false)
+        }
+        Map(m) => {
+            check_key(&a[0])?;
+            b(m.get(&a[0]).is_some())
+        }
+        _ => no_overload(),
+    }
+}
+
+/// `MapInsert`, `MapMerge`.
+fn map_insert(f: Func, a: &[Value]) -> EvalResult {
+    use Value::*;
+    let Map(m) = &a[0] else { return no_overload() };
+    let add: Vec<(Value, Value)> = if f == Func::MapInsert {
+        vec![(a[1].clone(), a[2].clone())]
+    } else {
+        let Map(n) = &a[1] else { return no_overload() };
+        n.entries.clone()
+    };
+    let mut out = MapVal {
+        entries: m.entries.clone(),
+        default_empty: false,
+    };
+    for (k, v) in add {
+        check_key(&k)?;
+        if map_lookup(&out, &k).is_some() {
+            return Err(format!("insert failed: key {} already exists", display(&k)));
+        }
+        out.entries.push((k, v));
+    }
+    Ok(Map(Arc::new(out)))
+}
+
+pub(super) fn cost(f: Func, a: &[Value]) -> u64 {
+    use Value::*;
+    let sz = |i: usize| a.get(i).map(size).unwrap_or(1);
+    match f {
+        Func::Eq | Func::Ne => match &a[0] {
+            Quantity(_) | Ip(_) | Cidr(_) | Url(_) | Semver(_) | Format(_) => 1,
+            _ => tenths(sz(0).min(sz(1)), 1),
+        },
+        Func::Lt | Func::Le | Func::Gt | Func::Ge => match (&a[0], &a[1]) {
+            (Str(_), Str(_)) | (Bytes(_), Bytes(_)) => tenths(sz(0).min(sz(1)), 1),
+            _ => 1,
+        },
+        Func::Add => match (&a[0], &a[1]) {
+            (Str(_), Str(_)) | (Bytes(_), Bytes(_)) => tenths(sz(0) + sz(1), 1),
+            _ => 1,
+        },
+        Func::StartsWith | Func::EndsWith => tenths(sz(1), 1),
+        Func::Contains => tenths(sz(0), 1) * tenths(sz(1), 1),
+        Func::In => match &a[1] {
+            List(_) => sz(1),
+            _ => 1,
+        },
+        _ => 1,
+    }
+}
+
+fn unreachable_ok() -> EvalResult {
+    Ok(Value::Bool(true))
+}
+
+pub(crate) fn display(v: &Value) -> String {
+    match v {
+        Value::Str(s) => s.to_string(),
+        Value::Int(i) => i.to_string(),
+        Value::Uint(u) => u.to_string(),
+        Value::Bool(x) => x.to_string(),
+        _ => v.type_name().to_string(),
+    }
+}
+
+pub(super) fn compare(x: &Value, y: &Value) -> Result<Option<Ordering>, String> {
+    use Value::*;
+    if let Some(o) = num_cmp(x, y) {
+        return Ok(Some(o));
+    }
+    Ok(Some(match (x, y) {
+        (Str(p), Str(q)) => p.cmp(q),
+        (Bytes(p), Bytes(q)) => p.cmp(q),
+        (Bool(p), Bool(q)) => p.cmp(q),
+        (Double(p), Double(q)) if p.is_nan() || q.is_nan() => return Ok(None),
+        (Int(_) | Uint(_) | Double(_), Int(_) | Uint(_) | Double(_)) => return Ok(None),
+        _ => return no_overload(),
+    }))
+}
+
+pub(super) fn check_key(k: &Value) -> Result<(), String> {
+    match k {
+        Value::Str(_) | Value::Int(_) | Value::Uint(_) | Value::Bool(_) => Ok(()),
+        Value::Double(_) => Ok(()),
+        _ => Err(format!("unsupported key type: {}", k.type_name())),
+    }
+}
+
+pub(super) fn map_lookup(m: &MapVal, key: &Value) -> Option<Value> {
+    if let Some(v) = m.get(key) {
+        return Some(v.clone());
+    }
+    if let Value::Double(d) = key {
+        // numeric keys compare across types
+        if d.fract() == 0.0 {
+            return m.get(&Value::Int(*d as i64)).cloned();
+        }
+    }
+    if m.default_empty {
+        return Some(Value::empty_map());
+    }
+    None
+}
+
+pub(crate) fn select(v: &Value, field: &Value, test: bool) -> EvalResult {
+    let Value::Str(f) = field else {
+        return no_overload();
+    };
+    match v {
+        Value::Device(d) => {
+            if test {
+                return Ok(Value::Bool(true));
+            }
+            match f.as_ref() {
+                "driver" => Ok(d.driver.clone()),
+                "attributes" => Ok(d.attributes.clone()),
+                "capacity" => Ok(d.capacity.clone()),
+                "allowMultipleAllocations" => Ok(Value::Bool(d.allow_multiple_allocations)),
+                _ => Err(format!("no such key: {f}")),
+            }
+        }
+        Value::Map(m) => {
+            if test {
+                return Ok(Value::Bool(m.get_str(f).is_some() || m.default_empty));
+            }
+            match m.get_str(f) {
+                Some(x) => Ok(x.clone()),
+                None if m.default_empty => Ok(Value::empty_map()),
+                None => Err(format!("no such key: {f}")),
+            }
+        }
+        // cel-go answers presence tests (`has`, `.?`) on other types with "absent"
+        _ if test => Ok(Value::Bool(false)),
+        _ => Err(format!(
+            "type '{}' does not support field selection",
+            v.type_name()
+        )),
+    }
+}
+
+pub(crate) fn opt_select(v: &Value, field: &Value) -> EvalResult {
+    match select(v, field, true)? {
+        Value::Bool(true) => Ok(Value::Optional(Some(Arc::new(select(v, field, false)?)))),
+        _ => Ok(Value::Optional(None)),
+    }
+}
+
+pub(crate) fn index(c: &Value, k: &Value) -> EvalResult {
+    match c {
+        Value::List(l) => {
+            let i = match k {
+                Value::Int(i) => *i,
+                Value::Uint(u) => *u as i64,
+                Value::Double(d) if d.fract() == 0.0 => *d as i64,
+                Value::Double(_) => return Err(format!("unsupported index value {}", display(k))),
+                _ => return no_overload(),
+            };
+            if i < 0 || i as usize >= l.len() {
+                return Err(format!("index out of bounds: {i}"));
+            }
+            Ok(l[i as usize].clone())
+        }
+        Value::Map(m) => {
+            check_key(k)?;
+            map_lookup(m, k).ok_or_else(|| format!("no such key: {}", display(k)))
+        }
+        Value::Device(_) => match k {
+            Value::Str(_) => select(c, k, false),
+            _ => no_overload(),
+        },
+        _ => no_overload(),
+    }
+}
+
+fn opt_index(c: &Value, k: &Value) -> EvalResult {
+    match c {
+        Value::List(l) => {
+            let Value::Int(i) = k else {
+                return no_overload();
+            };
+            Ok(Value::Optional(if *i >= 0 && (*i as usize) < l.len() {
+                Some(Arc::new(l[*i as usize].clone()))
+            } else {
+                None
+            }))
+        }
+        Value::Map(m) => Ok(Value::Optional(map_lookup(m, k).map(Arc::new))),
+        _ => no_overload(),
+    }
+}

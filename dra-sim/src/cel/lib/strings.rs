@@ -1,0 +1,279 @@
+//! ext.Strings v2 and `strings.quote`: `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`,
+//! `upperAscii`, `trim`, `replace`, `split`, `substring`, `join`, `reverse` of strings (the
+//! overloads on lists are ext.Lists', in `lists`); `format` has its own module.
+use super::overload::{Resolved, Sig};
+use super::price::{k8s_size, size, tenths, traversal};
+use crate::cel::func::Func;
+use crate::cel::quote::go_escape;
+use crate::cel::types::Ty;
+use crate::cel::value::{EvalResult, Value, no_overload};
+use std::sync::Arc;
+
+/// The names this library declares (a call with other arguments finds no overload).
+pub(super) const NAMES: &[&str] = &[
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "lowerAscii",
+    "upperAscii",
+    "trim",
+    "replace",
+    "split",
+    "substring",
+    "join",
+    "reverse",
+    "strings.quote",
+];
+
+pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
+    use Func as F;
+    use Ty::*;
+    let (name, t, n) = (s.name, s.t, s.t.len());
+    Some(match (name, s.member, n) {
+        ("charAt", true, 2) if s.is(0, &Str) && s.is(1, &Int) => ok!(F::CharAt, Str),
+        ("indexOf" | "lastIndexOf", true, 2 | 3) if t[0] == Str || (s.d(0) && s.is(1, &Str)) => {
+            if s.is(1, &Str) && (n == 2 || s.is(2, &Int)) {
+                ok!(
+                    if name == "indexOf" {
+                        F::IndexOf
+                    } else {
+                        F::LastIndexOf
+                    },
+                    Int
+                )
+            }
+            Err(None)
+        }
+        ("lowerAscii", true, 1) if s.is(0, &Str) => ok!(F::LowerAscii, Str),
+        ("upperAscii", true, 1) if s.is(0, &Str) => ok!(F::UpperAscii, Str),
+        ("trim", true, 1) if s.is(0, &Str) => ok!(F::Trim, Str),
+        ("replace", true, 3 | 4)
+            if s.is(0, &Str) && s.is(1, &Str) && s.is(2, &Str) && (n == 3 || s.is(3, &Int)) =>
+        {
+            ok!(F::Replace, Str)
+        }
+        ("split", true, 2 | 3) if s.is(0, &Str) && s.is(1, &Str) && (n == 2 || s.is(2, &Int)) => {
+            ok!(F::Split, List(Box::new(Str)))
+        }
+        ("substring", true, 2 | 3)
+            if s.is(0, &Str) && s.is(1, &Int) && (n == 2 || s.is(2, &Int)) =>
+        {
+            ok!(F::Substring, Str)
+        }
+        ("join", true, 1 | 2)
+            if (t[0] == List(Box::new(Str)) || s.list_like(0)) && (n == 1 || s.is(1, &Str)) =>
+        {
+            ok!(F::Join, Str)
+        }
+        ("reverse", true, 1) if s.is(0, &Str) => ok!(F::Reverse, Str),
+        ("strings.quote", false, 1) if s.is(0, &Str) => ok!(F::Quote, Str),
+        _ => return None,
+    })
+}
+
+pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
+    use Value::*;
+    match f {
+        Func::CharAt => char_at(a),
+        Func::IndexOf | Func::LastIndexOf => index_of(f, a),
+        Func::LowerAscii | Func::UpperAscii | Func::Trim => {
+            let Str(s) = &a[0] else { return no_overload() };
+            Ok(Value::str(&match f {
+                Func::LowerAscii => s.to_ascii_lowercase(),
+                Func::UpperAscii => s.to_ascii_uppercase(),
+                _ => s.trim().to_string(),
+            }))
+        }
+        Func::Replace => replace(a),
+        Func::Split => split(a),
+        Func::Substring => substring(a),
+        Func::Join => join(a),
+        Func::Reverse => match &a[0] {
+            Str(s) => Ok(Value::str(&s.chars().rev().collect::<String>())),
+            _ => no_overload(),
+        },
+        Func::Quote => {
+            let Str(s) = &a[0] else { return no_overload() };
+            Ok(Value::str(&quote(s)))
+        }
+        _ => no_overload(),
+    }
+}
+
+/// `CharAt`.
+fn char_at(a: &[Value]) -> EvalResult {
+    use Value::*;
+    let (Str(s), Int(i)) = (&a[0], &a[1]) else {
+        return no_overload();
+    };
+    let n = s.chars().count() as i64;
+    if *i < 0 || *i > n {
+        return Err(format!("index out of range: {i}"));
+    }
+    Ok(Value::str(
+        &s.chars()
+            .nth(*i as usize)
+            .map(|c| c.to_string())
+            .unwrap_or_default(),
+    ))
+}
+
+/// `IndexOf`, `LastIndexOf`.
+fn index_of(f: Func, a: &[Value]) -> EvalResult {
+    use Value::*;
+    match &a[0] {
+        Str(s) => {
+            let Str(sub) = &a[1] else {
+                return no_overload();
+            };
+            let chars: Vec<char> = s.chars().collect();
+            let subc: Vec<char> = sub.chars().collect();
+            let last = f == Func::LastIndexOf;
+            let start = match a.get(2) {
+                Some(Int(i)) => {
+                    if *i < 0 || *i as usize > chars.len() {
+                        return Err(format!("index out of range: {i}"));
+                    }
+                    Some(*i as usize)
+                }
+                Some(_) => return no_overload(),
+                None => None,
+            };
+            if subc.is_empty() {
+                return Ok(Int(
+                    start.unwrap_or(if last { chars.len() } else { 0 }) as i64
+                ));
+            }
+            if subc.len() > chars.len() {
+                return Ok(Int(-1));
+            }
+            let found = if !last {
+                (start.unwrap_or(0)..=chars.len() - subc.len())
+                    .find(|&i| chars[i..i + subc.len()] == subc[..])
+            } else {
+                let hi = start.unwrap_or(chars.len()).min(chars.len() - subc.len());
+                (0..=hi)
+                    .rev()
+                    .find(|&i| chars[i..i + subc.len()] == subc[..])
+            };
+            Ok(Int(found.map(|i| i as i64).unwrap_or(-1)))
+        }
+        _ => no_overload(),
+    }
+}
+
+/// `Replace`.
+fn replace(a: &[Value]) -> EvalResult {
+    use Value::*;
+    let (Str(s), Str(from), Str(to)) = (&a[0], &a[1], &a[2]) else {
+        return no_overload();
+    };
+    let n = match a.get(3) {
+        Some(Int(n)) => *n,
+        _ => -1,
+    };
+    Ok(Value::str(&if n < 0 {
+        s.replace(from.as_ref(), to)
+    } else {
+        s.replacen(from.as_ref(), to, n as usize)
+    }))
+}
+
+/// `Split`.
+fn split(a: &[Value]) -> EvalResult {
+    use Value::*;
+    let (Str(s), Str(sep)) = (&a[0], &a[1]) else {
+        return no_overload();
+    };
+    let n = match a.get(2) {
+        Some(Int(n)) => *n,
+        _ => -1,
+    };
+    if n == 0 {
+        return Ok(List(Arc::new(vec![])));
+    }
+    let parts: Vec<Value> = if sep.is_empty() {
+        let cs: Vec<String> = s.chars().map(|c| c.to_string()).collect();
+        if n > 0 && (n as usize) < cs.len() {
+            let mut v: Vec<Value> = cs[..n as usize - 1].iter().map(|c| Value::str(c)).collect();
+            v.push(Value::str(&cs[n as usize - 1..].concat()));
+            v
+        } else {
+            cs.iter().map(|c| Value::str(c)).collect()
+        }
+    } else if n < 0 {
+        s.split(sep.as_ref()).map(Value::str).collect()
+    } else {
+        s.splitn(n as usize, sep.as_ref()).map(Value::str).collect()
+    };
+    Ok(List(Arc::new(parts)))
+}
+
+/// `Substring`.
+fn substring(a: &[Value]) -> EvalResult {
+    use Value::*;
+    let (Str(s), Int(i)) = (&a[0], &a[1]) else {
+        return no_overload();
+    };
+    let chars: Vec<char> = s.chars().collect();
+    let n = chars.len() as i64;
+    let j = match a.get(2) {
+        Some(Int(j)) => *j,
+        _ => n,
+    };
+    if *i < 0 || *i > n {
+        return Err(format!("index out of range: {i}"));
+    }
+    if j < 0 || j > n {
+        return Err(format!("index out of range: {j}"));
+    }
+    if *i > j {
+        return Err(format!("invalid substring range. start: {i}, end: {j}"));
+    }
+    Ok(Value::str(
+        &chars[*i as usize..j as usize].iter().collect::<String>(),
+    ))
+}
+
+/// `Join`.
+fn join(a: &[Value]) -> EvalResult {
+    use Value::*;
+    let List(l) = &a[0] else { return no_overload() };
+    let sep = match a.get(1) {
+        Some(Str(s)) => s.to_string(),
+        _ => String::new(),
+    };
+    let mut parts = Vec::new();
+    for x in l.iter() {
+        let Str(s) = x else { return no_overload() };
+        parts.push(s.to_string());
+    }
+    Ok(Value::str(&parts.join(&sep)))
+}
+
+pub(super) fn cost(f: Func, a: &[Value], result: &Value) -> u64 {
+    let sz = |i: usize| a.get(i).map(size).unwrap_or(1);
+    let k8s_sz = |i: usize| a.get(i).map(k8s_size).unwrap_or(1);
+    match f {
+        Func::Replace | Func::Split => tenths(k8s_sz(0), 2),
+        Func::Join => tenths(k8s_size(result), 2),
+        Func::LowerAscii | Func::UpperAscii | Func::Substring | Func::Trim => tenths(k8s_sz(0), 1),
+        Func::Quote => tenths(sz(0), 1),
+        Func::IndexOf | Func::LastIndexOf => a.first().map(traversal).unwrap_or(0),
+        _ => 1,
+    }
+}
+
+/// `strings.quote`: a double-quoted string with Go's letter escapes; everything else as is.
+fn quote(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match go_escape(c) {
+            Some(e) => out.push_str(e),
+            None => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
