@@ -1,18 +1,12 @@
 //! Pool gathering (`pools_incubating.go`): node filtering, highest generation, completeness,
 //! validity, ordering by (driver, pool) and slices by name.
-use super::Allocator;
+use super::allocator::Allocator;
+use super::types::{Counters, SimNode};
 use crate::cel::value::quantity::Quantity;
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
-
-/// A node as the allocator sees it: its name and labels.
-#[derive(Clone, Debug, Default)]
-pub struct SimNode {
-    pub name: String,
-    pub labels: BTreeMap<String, String>,
-}
 
 pub struct Pool<'a> {
     pub driver: &'a str,
@@ -126,8 +120,44 @@ pub(super) fn gather_pools<'a>(
     node: &SimNode,
 ) -> Result<Vec<Pool<'a>>, String> {
     let all = a.slices;
-    let mut pools: HashMap<(&'a str, &'a str), Vec<usize>> = HashMap::new();
-    let mut order: Vec<(&'a str, &'a str)> = Vec::new();
+    let (pools, order) = pools_on_node(all, slices_for_node, node)?;
+    let mut result = Vec::new();
+    let mut with_binding = Vec::new();
+    for id in order {
+        let sl = &pools[&id];
+        let Some(pool) = complete_pool(a, id, sl) else {
+            continue;
+        };
+        let binding = pool.slices.iter().any(|(si, _)| {
+            all[*si]
+                .spec
+                .devices
+                .iter()
+                .flatten()
+                .any(|d| d.binding_conditions.is_some())
+        });
+        if binding {
+            with_binding.push(pool);
+        } else {
+            result.push(pool);
+        }
+    }
+    let key = |p: &Pool| (p.driver.to_string(), p.name.to_string());
+    result.sort_by_key(key);
+    with_binding.sort_by_key(key);
+    result.extend(with_binding);
+    Ok(result)
+}
+
+/// The slices for `node` that select it, grouped by pool (pools in order of first appearance),
+/// only those of each pool's highest generation among them.
+fn pools_on_node<'a>(
+    all: &'a [ResourceSlice],
+    slices_for_node: &[usize],
+    node: &SimNode,
+) -> Result<PoolsOnNode<'a>, String> {
+    let mut pools: HashMap<PoolId<'a>, Vec<usize>> = HashMap::new();
+    let mut order: Vec<PoolId<'a>> = Vec::new();
     for &i in slices_for_node {
         let s = &all[i];
         let nn = s.spec.node_name.as_deref().unwrap_or("");
@@ -179,66 +209,57 @@ pub(super) fn gather_pools<'a>(
             }
         }
     }
-    let mut result = Vec::new();
-    let mut with_binding = Vec::new();
-    for id in order {
-        let sl = &pools[&id];
-        let first = &all[sl[0]].spec.pool;
-        let pool = if sl.len() as i64 == first.resource_slice_count {
-            build_pool(a, id, sl.clone(), None)
-        } else {
-            // obsolete if a newer generation exists anywhere; complete when counting all slices
-            let mut obsolete = false;
-            let mut all_for_pool = Vec::new();
-            for (j, s) in all.iter().enumerate() {
-                if s.spec.driver != id.0 || s.spec.pool.name != id.1 {
-                    continue;
-                }
-                if s.spec.pool.generation == first.generation {
-                    all_for_pool.push(j);
-                } else if s.spec.pool.generation > first.generation {
-                    obsolete = true;
-                    break;
-                }
-            }
-            if obsolete {
+    Ok((pools, order))
+}
+
+/// The pool `id` from its slices `sl` on the node: complete when they are all of the pool's slices
+/// or, with the pool's other slices, make up its count; `None` when a newer generation exists.
+fn complete_pool<'a>(a: &'a Allocator<'a>, id: PoolId<'a>, sl: &[usize]) -> Option<Pool<'a>> {
+    let all = a.slices;
+    let first = &all[sl[0]].spec.pool;
+    let pool = if i64::try_from(sl.len()) == Ok(first.resource_slice_count) {
+        build_pool(a, id, sl.to_vec(), None)
+    } else {
+        // obsolete if a newer generation exists anywhere; complete when counting all slices
+        let mut obsolete = false;
+        let mut all_for_pool = Vec::new();
+        for (j, s) in all.iter().enumerate() {
+            if s.spec.driver != id.0 || s.spec.pool.name != id.1 {
                 continue;
             }
-            if all_for_pool.len() as i64 != first.resource_slice_count {
-                Pool {
-                    driver: id.0,
-                    name: id.1,
-                    incomplete: true,
-                    invalid: None,
-                    slices: vec![],
-                    not_targeting: vec![],
-                    counter_sets: Cow::Owned(BTreeMap::new()),
-                    all,
-                }
-            } else {
-                build_pool(a, id, sl.clone(), Some(all_for_pool))
+            if s.spec.pool.generation == first.generation {
+                all_for_pool.push(j);
+            } else if s.spec.pool.generation > first.generation {
+                obsolete = true;
+                break;
             }
-        };
-        let binding = pool.slices.iter().any(|(si, _)| {
-            all[*si]
-                .spec
-                .devices
-                .iter()
-                .flatten()
-                .any(|d| d.binding_conditions.is_some())
-        });
-        if binding {
-            with_binding.push(pool);
-        } else {
-            result.push(pool);
         }
-    }
-    let key = |p: &Pool| (p.driver.to_string(), p.name.to_string());
-    result.sort_by_key(key);
-    with_binding.sort_by_key(key);
-    result.extend(with_binding);
-    Ok(result)
+        if obsolete {
+            return None;
+        }
+        if i64::try_from(all_for_pool.len()) != Ok(first.resource_slice_count) {
+            Pool {
+                driver: id.0,
+                name: id.1,
+                incomplete: true,
+                invalid: None,
+                slices: vec![],
+                not_targeting: vec![],
+                counter_sets: Cow::Owned(BTreeMap::new()),
+                all,
+            }
+        } else {
+            build_pool(a, id, sl.to_vec(), Some(all_for_pool))
+        }
+    };
+    Some(pool)
 }
+
+/// (driver, pool name)
+type PoolId<'a> = (&'a str, &'a str);
+
+/// The slices of each pool, and the pools in order of first appearance.
+type PoolsOnNode<'a> = (HashMap<PoolId<'a>, Vec<usize>>, Vec<PoolId<'a>>);
 
 fn name(s: &ResourceSlice) -> &str {
     s.metadata.name.as_deref().unwrap_or("")
@@ -246,7 +267,7 @@ fn name(s: &ResourceSlice) -> &str {
 
 fn build_pool<'a>(
     a: &'a Allocator<'a>,
-    id: (&'a str, &'a str),
+    id: PoolId<'a>,
     mut slices: Vec<usize>,
     all_for_pool: Option<Vec<usize>>,
 ) -> Pool<'a> {
@@ -300,17 +321,29 @@ fn build_pool<'a>(
         counter_sets,
         all,
     };
-    let invalid = |why: String| mk(Some(why), Cow::Owned(BTreeMap::new()));
+    match counter_sets(a, &device_slices, &counter_slices, &not_targeting) {
+        Ok(sets) => mk(None, sets),
+        Err(why) => mk(Some(why), Cow::Owned(BTreeMap::new())),
+    }
+}
+
+/// The pool's counter sets, or why the pool is invalid: a device name twice, a counter set name
+/// twice, or a device consuming from a counter set or counter that does not exist.
+fn counter_sets<'a>(
+    a: &'a Allocator<'a>,
+    device_slices: &[usize],
+    counter_slices: &[usize],
+    not_targeting: &[usize],
+) -> Result<Cow<'a, Counters>, String> {
     if device_slices.len() == 1 {
         if let Some(n) = a.cache_dup_name(device_slices[0]) {
-            return invalid(format!("duplicate device name {n}"));
+            return Err(format!("duplicate device name {n}"));
         }
-    } else if let Some(n) = a.cache_dup_name_across(&device_slices) {
-        return invalid(format!("duplicate device name {n}"));
+    } else if let Some(n) = a.cache_dup_name_across(device_slices) {
+        return Err(format!("duplicate device name {n}"));
     }
-    let mut sets: Cow<'a, BTreeMap<String, BTreeMap<String, Quantity>>> =
-        Cow::Owned(BTreeMap::new());
-    for &i in &counter_slices {
+    let mut sets: Cow<'a, Counters> = Cow::Owned(BTreeMap::new());
+    for &i in counter_slices {
         // set names are unique within a slice (validation); across slices they must differ too
         let parsed = a.cache_counters(i);
         if sets.is_empty() {
@@ -319,7 +352,7 @@ fn build_pool<'a>(
         }
         for (name, m) in parsed {
             if sets.contains_key(name) {
-                return invalid(format!("duplicate counter set name {name}"));
+                return Err(format!("duplicate counter set name {name}"));
             }
             sets.to_mut().insert(name.clone(), m.clone());
         }
@@ -327,15 +360,14 @@ fn build_pool<'a>(
     for &i in device_slices.iter().chain(not_targeting.iter()) {
         for (set_name, counters) in a.cache_counter_refs(i) {
             let Some(set) = sets.get(set_name) else {
-                return invalid(format!("counter set {set_name} not found"));
+                return Err(format!("counter set {set_name} not found"));
             };
             for n in counters {
                 if !set.contains_key(n) {
-                    return invalid(format!("counter {n} not found in counter set {set_name}"));
+                    return Err(format!("counter {n} not found in counter set {set_name}"));
                 }
             }
         }
     }
-    let _ = a;
-    mk(None, sets)
+    Ok(sets)
 }
