@@ -32,14 +32,16 @@ lint:
 	@# The plugin core builds without any Kubernetes or gRPC crate, directly or transitively.
 	! cargo tree -p dra-plugin-core -e normal | grep -E 'kube|k8s-openapi|tonic|prost|hyper'
 
-## Figures, not pass/fail: plugin prepare/unprepare latency + RSS, simulator vs the Go scheduler code.
+## Figures, not pass/fail: plugin prepare/unprepare latency + RSS, simulator vs the Go scheduler
+## code. Each writes its rows of docs/perf.md (tools/perf-table.py).
 bench: bench-plugin bench-sim
 
 bench-plugin:
-	cargo bench -p dra-plugin --bench prepare
+	set -o pipefail; cargo bench -p dra-plugin --bench prepare | python3 tools/perf-table.py docs/perf.md
 
 bench-sim:
-	cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10
+	set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10 | \
+	  python3 tools/perf-table.py docs/perf.md
 
 ## What a simulated node publishes.
 slices:

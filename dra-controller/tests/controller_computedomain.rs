@@ -7,6 +7,7 @@ use dra_controller::controller::computedomain::{
 };
 use dra_controller::controller::crd::{ComputeDomain, ComputeDomainNode, DomainStatus};
 use dra_controller::controller::{Error, labels};
+use gpu_dra_api::names;
 use http::Method;
 use k8s_openapi::api::core::v1::Pod;
 use kube::runtime::controller::Action;
@@ -59,7 +60,7 @@ fn domain(extra_meta: Value, status: Value) -> ComputeDomain {
 
 fn finalized() -> ComputeDomain {
     domain(
-        json!({ "finalizers": [labels::COMPUTE_DOMAIN_FINALIZER] }),
+        json!({ "finalizers": [names::COMPUTE_DOMAIN_FINALIZER] }),
         json!({ "status": "NotReady", "nodes": [
             { "name": "node-b", "ipAddress": "10.0.0.2", "cliqueID": "", "index": 1, "status": "NotReady" },
         ] }),
@@ -74,7 +75,7 @@ fn deleting(finalizers: Value) -> ComputeDomain {
 }
 
 fn pod(node: &str, ready: bool, ip: &str, clique: Option<&str>) -> Value {
-    let mut labels = json!({ labels::COMPUTE_DOMAIN_NODE_LABEL: UID });
+    let mut labels = json!({ names::COMPUTE_DOMAIN_NODE_LABEL: UID });
     if let Some(c) = clique {
         labels["resource.nvidia.com/computeDomain.cliqueID"] = json!(c);
     }
@@ -106,7 +107,7 @@ async fn first_reconcile_adds_the_finalizer_and_nothing_else() {
     assert_eq!(action, Action::await_change());
     assert_eq!(
         seen[0].1["metadata"]["finalizers"],
-        json!(["other/keep", labels::COMPUTE_DOMAIN_FINALIZER])
+        json!(["other/keep", names::COMPUTE_DOMAIN_FINALIZER])
     );
     assert_eq!(seen[0].1["metadata"]["resourceVersion"], "11");
 }
@@ -166,7 +167,7 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
     let drct = &seen[1].1;
     assert!(drct["metadata"]["ownerReferences"].is_null());
     assert_eq!(
-        drct["metadata"]["labels"][labels::COMPUTE_DOMAIN_NODE_LABEL],
+        drct["metadata"]["labels"][names::COMPUTE_DOMAIN_NODE_LABEL],
         UID
     );
     assert_eq!(
@@ -188,7 +189,7 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
     let pod_spec = &ds["spec"]["template"]["spec"];
     assert_eq!(
         pod_spec["nodeSelector"],
-        json!({ labels::COMPUTE_DOMAIN_NODE_LABEL: UID })
+        json!({ names::COMPUTE_DOMAIN_NODE_LABEL: UID })
     );
     assert_eq!(
         pod_spec["resourceClaims"],
@@ -216,6 +217,13 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
     );
     // node-b keeps index 1; node-a takes the free 0. One of two nodes ready: NotReady.
     assert_eq!(
+        (&seen[4].1["apiVersion"], &seen[4].1["kind"]),
+        (
+            &json!("resource.nvidia.com/v1beta1"),
+            &json!("ComputeDomain")
+        )
+    );
+    assert_eq!(
         seen[4].1["status"],
         json!({ "status": "NotReady", "nodes": [
             { "name": "node-a", "ipAddress": "10.0.0.1", "cliqueID": "", "index": 0, "status": "NotReady" },
@@ -232,7 +240,7 @@ async fn teardown_waits_for_the_daemons_before_their_template() {
         call(Method::DELETE, WORKLOAD_RCT, gone()),
         call(Method::DELETE, DAEMON_DS, Reply::Json(ds)),
     ];
-    let (action, seen) = run(deleting(json!([labels::COMPUTE_DOMAIN_FINALIZER])), calls).await;
+    let (action, seen) = run(deleting(json!([names::COMPUTE_DOMAIN_FINALIZER])), calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(5)));
     assert_eq!(seen[0].1["propagationPolicy"], "Background");
     assert_eq!(
@@ -243,9 +251,9 @@ async fn teardown_waits_for_the_daemons_before_their_template() {
 
 #[tokio::test]
 async fn teardown_removes_template_and_node_labels_then_the_finalizer() {
-    let cd = deleting(json!([labels::COMPUTE_DOMAIN_FINALIZER, "other/keep"]));
+    let cd = deleting(json!([names::COMPUTE_DOMAIN_FINALIZER, "other/keep"]));
     let cd_json = serde_json::to_value(&cd).unwrap();
-    let node = json!({ "metadata": { "name": "node-a", "labels": { labels::COMPUTE_DOMAIN_NODE_LABEL: UID } } });
+    let node = json!({ "metadata": { "name": "node-a", "labels": { names::COMPUTE_DOMAIN_NODE_LABEL: UID } } });
     let calls = vec![
         call(Method::DELETE, WORKLOAD_RCT, Reply::Status(404)),
         call(Method::DELETE, DAEMON_DS, Reply::Status(404)),
@@ -269,7 +277,7 @@ async fn teardown_removes_template_and_node_labels_then_the_finalizer() {
     );
     assert_eq!(
         seen[4].1,
-        json!({ "metadata": { "labels": { labels::COMPUTE_DOMAIN_NODE_LABEL: null } } })
+        json!({ "metadata": { "labels": { names::COMPUTE_DOMAIN_NODE_LABEL: null } } })
     );
     assert_eq!(seen[5].1["metadata"]["finalizers"], json!(["other/keep"]));
     assert_eq!(seen[5].1["metadata"]["resourceVersion"], "11");

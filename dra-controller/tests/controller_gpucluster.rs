@@ -2,9 +2,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dra_controller::controller::Error;
 use dra_controller::controller::crd::GPUCluster;
 use dra_controller::controller::gpucluster::{Ctx, error_policy, reconcile};
-use dra_controller::controller::{Error, labels};
+use gpu_dra_api::names;
 use http::Method;
 use kube::runtime::controller::Action;
 use serde_json::{Value, json};
@@ -36,10 +37,7 @@ fn gpucluster(extra_meta: Value, spec: Value) -> GPUCluster {
 }
 
 fn finalized(spec: Value) -> GPUCluster {
-    gpucluster(
-        json!({ "finalizers": [labels::GPUCLUSTER_FINALIZER] }),
-        spec,
-    )
+    gpucluster(json!({ "finalizers": [names::GPUCLUSTER_FINALIZER] }), spec)
 }
 
 fn node(name: &str, labels: Value, gpus: Option<&str>) -> Value {
@@ -70,7 +68,7 @@ async fn first_reconcile_adds_the_finalizer_and_nothing_else() {
     assert_eq!(action, Action::await_change());
     assert_eq!(
         seen[0].1["metadata"]["finalizers"],
-        json!([labels::GPUCLUSTER_FINALIZER])
+        json!([names::GPUCLUSTER_FINALIZER])
     );
     assert_eq!(
         seen[0].1["metadata"]["resourceVersion"], "7",
@@ -186,7 +184,7 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
     let ds = body("daemonsets/gpu-dra-kubelet-plugin");
     assert_eq!(
         ds["spec"]["template"]["spec"]["nodeSelector"],
-        json!({ labels::DRA_DRIVER_LABEL: "true" })
+        json!({ names::DRA_DRIVER_LABEL: "true" })
     );
     let containers = ds["spec"]["template"]["spec"]["containers"]
         .as_array()
@@ -209,11 +207,18 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
     // Node labels: ready node gets both, conflicting node only loses the device plugin, the CPU node is untouched.
     assert_eq!(
         body("/nodes/g1")["metadata"]["labels"],
-        json!({ labels::DEVICE_PLUGIN_LABEL: "false", labels::DRA_DRIVER_LABEL: "true" })
+        json!({ names::DEVICE_PLUGIN_LABEL: "false", names::DRA_DRIVER_LABEL: "true" })
     );
     assert_eq!(
         body("/nodes/g2")["metadata"]["labels"],
-        json!({ labels::DEVICE_PLUGIN_LABEL: "false" })
+        json!({ names::DEVICE_PLUGIN_LABEL: "false" })
+    );
+    assert_eq!(
+        (
+            &body("gpu-cluster/status")["apiVersion"],
+            &body("gpu-cluster/status")["kind"]
+        ),
+        (&json!("nvidia.com/v1alpha1"), &json!("GPUCluster"))
     );
     let status = &body("gpu-cluster/status")["status"];
     assert_eq!(status["state"], "notReady");
@@ -235,7 +240,7 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
 #[tokio::test]
 async fn teardown_waits_for_claim_consumers_before_touching_the_plugin() {
     let gc = gpucluster(
-        json!({ "finalizers": [labels::GPUCLUSTER_FINALIZER], "deletionTimestamp": "2026-01-01T00:00:00Z" }),
+        json!({ "finalizers": [names::GPUCLUSTER_FINALIZER], "deletionTimestamp": "2026-01-01T00:00:00Z" }),
         json!({ "draDriver": {} }),
     );
     let deploy = json!({ "apiVersion": "apps/v1", "kind": "Deployment",
@@ -265,15 +270,15 @@ async fn teardown_waits_for_claim_consumers_before_touching_the_plugin() {
 #[tokio::test]
 async fn teardown_removes_the_plugin_last_then_labels_then_the_finalizer() {
     let gc = gpucluster(
-        json!({ "finalizers": [labels::GPUCLUSTER_FINALIZER, "other/keep"], "deletionTimestamp": "2026-01-01T00:00:00Z" }),
+        json!({ "finalizers": [names::GPUCLUSTER_FINALIZER, "other/keep"], "deletionTimestamp": "2026-01-01T00:00:00Z" }),
         json!({ "draDriver": {} }),
     );
     let gc_json = serde_json::to_value(&gc).unwrap();
     let ours = json!([{ "manager": "gpu-dra-controller", "operation": "Apply", "apiVersion": "v1", "fieldsType": "FieldsV1",
-        "fieldsV1": { "f:metadata": { "f:labels": { format!("f:{}", labels::DEVICE_PLUGIN_LABEL): {} } } } }]);
-    let mut managed = node("g1", json!({ labels::DEVICE_PLUGIN_LABEL: "false" }), None);
+        "fieldsV1": { "f:metadata": { "f:labels": { format!("f:{}", names::DEVICE_PLUGIN_LABEL): {} } } } }]);
+    let mut managed = node("g1", json!({ names::DEVICE_PLUGIN_LABEL: "false" }), None);
     managed["metadata"]["managedFields"] = ours;
-    let untouched = node("g2", json!({ labels::DEVICE_PLUGIN_LABEL: "false" }), None);
+    let untouched = node("g2", json!({ names::DEVICE_PLUGIN_LABEL: "false" }), None);
     let gone = json!({ "kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200 });
     let calls = vec![
         call(

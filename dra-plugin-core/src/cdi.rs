@@ -3,18 +3,14 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use gpu_dra_api::inventory::{DeviceRef, Gpu, Inventory, MigDevice, parse_device_name};
+use gpu_dra_api::names::{CDI_CLAIM_ANNOTATION, CDI_CLASS, CDI_DEVICES_ANNOTATION, GPU_CDI_VENDOR};
 use serde::{Deserialize, Serialize};
 
 use super::fsutil::{remove_if_exists, write_atomic};
 use super::types::PreparedDevice;
 use crate::Error;
 
-pub const CDI_VENDOR: &str = "k8s.gpu.nvidia.com";
-pub const CDI_CLASS: &str = "claim";
 pub const CDI_VERSION: &str = "0.6.0";
-/// Spec annotations that let a lost checkpoint be rebuilt from the CDI files alone.
-pub const ANNOTATION_CLAIM: &str = "gpu.nvidia.com/claim";
-pub const ANNOTATION_DEVICES: &str = "gpu.nvidia.com/prepared-devices";
 
 /// Device nodes every GPU container needs besides its own `/dev/nvidia<minor>`.
 const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
@@ -84,7 +80,7 @@ pub struct DeviceEdits {
 
 /// `k8s.gpu.nvidia.com/claim=<claimUID>-<device>`.
 pub fn cdi_device_id(claim_uid: &str, device: &str) -> String {
-    format!("{CDI_VENDOR}/{CDI_CLASS}={claim_uid}-{device}")
+    format!("{GPU_CDI_VENDOR}/{CDI_CLASS}={claim_uid}-{device}")
 }
 
 #[derive(Debug, Clone)]
@@ -103,7 +99,7 @@ impl CdiStore {
 
     pub fn spec_path(&self, claim_uid: &str) -> PathBuf {
         self.root
-            .join(format!("{CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"))
+            .join(format!("{GPU_CDI_VENDOR}-{CDI_CLASS}_{claim_uid}.json"))
     }
 
     /// Builds the spec for a claim. Each device carries `NVIDIA_VISIBLE_DEVICES` with the UUIDs of
@@ -151,14 +147,14 @@ impl CdiStore {
             })
             .collect();
         let mut annotations = BTreeMap::new();
-        annotations.insert(ANNOTATION_CLAIM.to_string(), claim_key.to_string());
+        annotations.insert(CDI_CLAIM_ANNOTATION.to_string(), claim_key.to_string());
         annotations.insert(
-            ANNOTATION_DEVICES.to_string(),
+            CDI_DEVICES_ANNOTATION.to_string(),
             serde_json::to_string(prepared).expect("prepared devices serialize"),
         );
         Spec {
             cdi_version: CDI_VERSION.into(),
-            kind: format!("{CDI_VENDOR}/{CDI_CLASS}"),
+            kind: format!("{GPU_CDI_VENDOR}/{CDI_CLASS}"),
             annotations,
             devices,
             container_edits: ContainerEdits {
@@ -202,7 +198,7 @@ impl CdiStore {
 
     /// Claim UIDs that have a spec file of ours.
     pub fn claim_uids(&self) -> Vec<String> {
-        let prefix = format!("{CDI_VENDOR}-{CDI_CLASS}_");
+        let prefix = format!("{GPU_CDI_VENDOR}-{CDI_CLASS}_");
         let Ok(entries) = std::fs::read_dir(&self.root) else {
             return Vec::new();
         };
@@ -353,7 +349,7 @@ mod tests {
             .collect();
         assert_eq!(control, CONTROL_NODES);
         let back: Vec<PreparedDevice> =
-            serde_json::from_str(&spec.annotations[ANNOTATION_DEVICES]).unwrap();
+            serde_json::from_str(&spec.annotations[CDI_DEVICES_ANNOTATION]).unwrap();
         assert_eq!(back, p);
         assert_eq!(
             cdi_device_id("uid-1", "gpu-0"),

@@ -530,7 +530,9 @@ impl Slots {
             true => self.filled[i].max(used),
             false => len,
         };
-        bytes.resize(blank_to as usize, b' ');
+        let blank_to = usize::try_from(blank_to)
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::FileTooLarge))?;
+        bytes.resize(blank_to, b' ');
         file.write_all_at(&bytes, 0)?;
         if len != self.len[i] {
             file.set_len(len)?;

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, SystemTime};
 
 use gpu_dra_api::inventory::{DeviceRef, parse_device_name};
+use gpu_dra_api::names::{TAINT_ECC, TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
 
 use crate::backend::{HealthEvent, HealthEventKind};
 
@@ -26,11 +27,6 @@ impl HealthEvent {
         }
     }
 }
-
-pub const TAINT_XID: &str = "gpu.nvidia.com/xid";
-pub const TAINT_ECC: &str = "gpu.nvidia.com/ecc";
-pub const TAINT_GPU_LOST: &str = "gpu.nvidia.com/gpu-lost";
-pub const TAINT_UNMONITORED: &str = "gpu.nvidia.com/unmonitored";
 
 /// What the kubelet is told about a device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

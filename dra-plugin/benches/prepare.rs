@@ -78,6 +78,11 @@ struct Run {
     devices: Vec<String>,
 }
 
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "p is in [0, 1], so the rounded rank is in 0..len"
+)]
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     sorted[((sorted.len() as f64 - 1.0) * p).round() as usize]
 }
@@ -149,12 +154,19 @@ fn write_claim(dir: &Path, i: usize, device: &str) -> v1::Claim {
     }
 }
 
-async fn bench(run: &Run, mode: Mode, rounds: usize) {
+/// What a run gives the figures table (docs/perf.md).
+struct Figures {
+    prepare_p99_ms: f64,
+    cpu_per_pair_us: f64,
+    peak_rss_mib: f64,
+}
+
+async fn bench(run: &Run, mode: Mode, rounds: usize) -> Option<Figures> {
     // BENCH_ONLY=<text> runs the cases whose label contains it (profiling one case).
     if let Ok(only) = std::env::var("BENCH_ONLY")
         && !run.label.contains(&only)
     {
-        return;
+        return None;
     }
     let tmp = tempfile::tempdir().unwrap();
     // On nodes /var/run/cdi lives on tmpfs (/run); the checkpoint lives on the kubelet's disk.
@@ -284,6 +296,16 @@ async fn bench(run: &Run, mode: Mode, rounds: usize) {
         us(speed_before.1),
         us(speed_after.1),
     );
+    Some(Figures {
+        prepare_p99_ms: ms(percentile(&prep, 0.99)),
+        cpu_per_pair_us: plugin_cpu.as_secs_f64() * 1e6 / prep.len() as f64,
+        peak_rss_mib: rss as f64 / 1024.0,
+    })
+}
+
+/// One row of docs/perf.md for tools/perf-table.py: `perf|figure|goal|value`.
+fn perf_row(figure: &str, goal: &str, value: String) {
+    println!("perf|{figure}|{goal}|{value}");
 }
 
 /// Each claim its own client looping prepare, unprepare with no pause: the plugin saturated.
@@ -456,13 +478,37 @@ fn main() {
         // BENCH_MODE=loop|burst runs one mode (profiling one case).
         let only_mode = std::env::var("BENCH_MODE").ok();
         let modes = [(Mode::Loop, "loop"), (Mode::Burst, "burst")];
-        for run in &cases {
+        let mut peak_rss = 0.0_f64;
+        for (i, run) in cases.iter().enumerate() {
             for (mode, name) in modes {
                 if only_mode.as_deref().is_some_and(|m| m != name) {
                     continue;
                 }
-                bench(run, mode, rounds).await;
+                let Some(f) = bench(run, mode, rounds).await else {
+                    continue;
+                };
+                peak_rss = peak_rss.max(f.peak_rss_mib);
+                // The target case: 64 concurrent claims on 8 H100 (1g.10gb) and 8 L4.
+                if i == 2 {
+                    perf_row(
+                        &format!(
+                            "plugin: prepare p99, 64 concurrent claims ({name}), {rounds} rounds"
+                        ),
+                        "≤ 5 ms",
+                        format!("{:.2} ms", f.prepare_p99_ms),
+                    );
+                    perf_row(
+                        &format!("plugin: CPU per prepare/unprepare pair, 64 claims ({name})"),
+                        "—",
+                        format!("{:.0} µs", f.cpu_per_pair_us),
+                    );
+                }
             }
         }
+        perf_row(
+            "plugin: peak RSS over every bench case",
+            "≤ 16 MiB",
+            format!("{peak_rss:.1} MiB"),
+        );
     });
 }

@@ -53,7 +53,7 @@ pub struct DeviceArgs {
     #[arg(long, env = "NODE_NAME")]
     pub node_name: String,
     /// DRA driver name.
-    #[arg(long, env = "DRIVER_NAME", default_value = gpu_dra_api::DRIVER_NAME)]
+    #[arg(long, env = "DRIVER_NAME", default_value = gpu_dra_api::names::GPU_DRIVER)]
     pub driver_name: String,
     /// Feature gates, NVIDIA's names: `DynamicMIG=true,MPSSupport=false`.
     #[arg(long, env = "FEATURE_GATES", default_value = "")]

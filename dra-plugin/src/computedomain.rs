@@ -10,6 +10,10 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 use gpu_dra_api::config::{ComputeDomainConfig, ComputeDomainDeviceKind};
+use gpu_dra_api::names::{
+    CDI_CLASS, COMPUTE_DOMAIN_CDI_VENDOR, COMPUTE_DOMAIN_DRIVER, COMPUTE_DOMAIN_NODE_LABEL,
+    COMPUTE_DOMAIN_PLUGIN_FIELD_MANAGER,
+};
 use gpu_dra_api::slices::SliceContent;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
 use serde::{Deserialize, Serialize};
@@ -24,9 +28,6 @@ use dra_plugin_core::types::{AllocatedDevice, ClaimAllocation, PreparedDevice};
 use crate::Error;
 use crate::prepare::Preparer;
 
-pub const CD_DRIVER: &str = "compute-domain.nvidia.com";
-pub const DOMAIN_LABEL: &str = "resource.nvidia.com/computeDomain";
-pub const CDI_VENDOR: &str = "k8s.compute-domain.nvidia.com";
 /// Where the NVIDIA driver creates IMEX channel device nodes.
 pub const CHANNELS_DIR: &str = "/dev/nvidia-caps-imex-channels";
 
@@ -85,7 +86,7 @@ pub struct ComputeDomainState {
 }
 
 fn cdi_id(uid: &str, device: &str) -> String {
-    format!("{CDI_VENDOR}/claim={uid}-{device}")
+    format!("{COMPUTE_DOMAIN_CDI_VENDOR}/{CDI_CLASS}={uid}-{device}")
 }
 
 impl ComputeDomainState {
@@ -107,7 +108,9 @@ impl ComputeDomainState {
     }
 
     pub fn spec_path(&self, uid: &str) -> PathBuf {
-        self.cdi_root.join(format!("{CDI_VENDOR}-claim_{uid}.json"))
+        self.cdi_root.join(format!(
+            "{COMPUTE_DOMAIN_CDI_VENDOR}-{CDI_CLASS}_{uid}.json"
+        ))
     }
 
     /// The config NVIDIA's compute-domain plugin applies to a device. Every config of the driver
@@ -207,7 +210,7 @@ impl ComputeDomainState {
         }
         if alloc.devices.is_empty() {
             return Err(CoreError::InvalidAllocation(format!(
-                "ResourceClaim {} has no devices of {CD_DRIVER} here",
+                "ResourceClaim {} has no devices of {COMPUTE_DOMAIN_DRIVER} here",
                 alloc.claim.key()
             ))
             .into());
@@ -275,7 +278,7 @@ impl ComputeDomainState {
                 }
                 other => {
                     return Err(CoreError::InvalidAllocation(format!(
-                        "device {}/{other}: not a device of {CD_DRIVER}",
+                        "device {}/{other}: not a device of {COMPUTE_DOMAIN_DRIVER}",
                         d.pool
                     ))
                     .into());
@@ -320,7 +323,7 @@ impl ComputeDomainState {
         };
         let spec = Spec {
             cdi_version: dra_plugin_core::cdi::CDI_VERSION.into(),
-            kind: format!("{CDI_VENDOR}/claim"),
+            kind: format!("{COMPUTE_DOMAIN_CDI_VENDOR}/{CDI_CLASS}"),
             annotations: BTreeMap::new(),
             devices: cdi_devices,
             container_edits: ContainerEdits::default(),
@@ -396,19 +399,18 @@ impl NodeLabeler for KubeNodeLabeler {
             Ok(node
                 .metadata
                 .labels
-                .and_then(|l| l.get(DOMAIN_LABEL).cloned()))
+                .and_then(|l| l.get(COMPUTE_DOMAIN_NODE_LABEL).cloned()))
         })
     }
 
     fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>> {
         Box::pin(async move {
             let labels = match domain {
-                Some(d) => serde_json::json!({ DOMAIN_LABEL: d }),
+                Some(d) => serde_json::json!({ COMPUTE_DOMAIN_NODE_LABEL: d }),
                 None => serde_json::json!({}),
             };
             let patch = serde_json::json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": self.node, "labels": labels}});
-            let params =
-                kube::api::PatchParams::apply("compute-domain.nvidia.com/dra-plugin").force();
+            let params = kube::api::PatchParams::apply(COMPUTE_DOMAIN_PLUGIN_FIELD_MANAGER).force();
             kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
                 .patch(&self.node, &params, &kube::api::Patch::Apply(patch))
                 .await?;

@@ -26,6 +26,11 @@ pub struct SocketErrorLabels {
     pub reason: &'static str,
 }
 
+/// A count as a gauge's value (gauges hold an `i64`, which no count comes near).
+pub fn gauge_count(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
 pub struct Metrics {
     pub registry: Registry,
     pub prepare_duration: Histogram,

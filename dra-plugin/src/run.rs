@@ -27,7 +27,7 @@ use crate::kube::claims::{ApiClaims, FileClaims};
 use crate::kube::events::{ApiNodeEvents, NodeEvents};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
 use crate::kube::taints::taint_map;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, gauge_count};
 use crate::prepare::{ClaimSource, Preparer};
 
 mod health;
@@ -139,7 +139,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
 pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let dev = &args.device;
     // NVIDIA's binaries check the gate rules whatever their role.
-    if dev.driver_name == crate::computedomain::CD_DRIVER {
+    if dev.driver_name == gpu_dra_api::names::COMPUTE_DOMAIN_DRIVER {
         crate::gates::load(&dev.feature_gates, Component::ComputeDomainPlugin)?;
         return run_compute_domain(args, shutdown).await;
     }
@@ -218,7 +218,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     }
     metrics
         .prepared_devices
-        .set(state.prepared_device_count() as i64);
+        .set(gauge_count(state.prepared_device_count()));
 
     let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
         (Some(dir), _) => Arc::new(FileClaims::new(

@@ -184,8 +184,9 @@ async fn run_logs_refused_kubelet_calls_as_json_at_the_default_level() {
         .await;
     assert_eq!(wrong.unwrap_err().code(), tonic::Code::Unimplemented);
 
+    let pid = libc::pid_t::try_from(child.id()).expect("a pid fits pid_t");
     // SAFETY: signalling the child this test started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    unsafe { libc::kill(pid, libc::SIGTERM) };
     let status = child.wait().unwrap();
     let mut out = Vec::new();
     child.stdout.take().unwrap().read_to_end(&mut out).unwrap();

@@ -44,7 +44,11 @@ impl Rng {
         self.0
     }
     fn n(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
+        usize::try_from(self.next() % n as u64).expect("below n, a usize")
+    }
+    /// `n` as a CEL int.
+    fn int(&mut self, n: usize) -> i64 {
+        i64::try_from(self.n(n)).expect("below n, a usize")
     }
     fn pick<'a, T>(&mut self, v: &'a [T]) -> &'a T {
         &v[self.n(v.len())]
@@ -74,7 +78,7 @@ fn rand_attrs(r: &mut Rng) -> J {
         m.insert("model".into(), json!({"string": r.pick(MODELS)}));
     }
     if r.coin(80) {
-        m.insert("cores".into(), json!({"int": r.n(5) as i64 * 16 - 8}));
+        m.insert("cores".into(), json!({"int": r.int(5) * 16 - 8}));
     }
     if r.coin(70) {
         m.insert("ecc".into(), json!({"bool": r.coin(50)}));
@@ -144,7 +148,7 @@ fn atom(r: &mut Rng) -> String {
             "i" => format!(
                 "{a} {} {}",
                 r.pick(&[">", ">=", "<", "==", "!="]),
-                r.n(60) as i64 - 10
+                r.int(60) - 10
             ),
             "b" => {
                 if r.coin(50) {
@@ -847,7 +851,7 @@ fn safe_atom(r: &mut Rng) -> String {
         2 => format!(
             "has({g}.cores) && {g}.cores {} {}",
             r.pick(&[">", ">=", "<", "!="]),
-            r.n(40) as i64 - 8
+            r.int(40) - 8
         ),
         3 => format!(
             "\"memory\" in {c} && {c}.memory.compareTo(quantity(\"{}\")) >= 0",
@@ -977,7 +981,7 @@ fn alloc_case(r: &mut Rng) -> J {
         let invalid = r.coin(3);
         let nslices = 1 + r.n(2);
         let incomplete = r.coin(5);
-        let generation = r.n(2) as i64;
+        let generation = r.int(2);
         let mut total = nslices + usize::from(counters);
         if incomplete {
             total += 1;

@@ -251,7 +251,7 @@ impl Env {
                 .filter(|s| s.spec.pool.generation == generation)
                 .collect();
             let want = current[0].spec.pool.resource_slice_count;
-            Ok((current.len() as i64 == want).then_some(current))
+            Ok((i64::try_from(current.len()) == Ok(want)).then_some(current))
         })
         .await
     }
@@ -262,12 +262,18 @@ impl Env {
         for s in self.wait_slices(node).await? {
             for d in s.spec.devices.unwrap_or_default() {
                 let mut info = DeviceInfo::default();
+                let unqualified = |k: &str| {
+                    k.strip_prefix(crate::DRIVER)
+                        .and_then(|k| k.strip_prefix('/'))
+                        .unwrap_or(k)
+                        .to_string()
+                };
                 for (k, v) in d.attributes.unwrap_or_default() {
-                    let key = k.strip_prefix("gpu.nvidia.com/").unwrap_or(&k).to_string();
+                    let key = unqualified(&k);
                     info.attributes.insert(key, serde_json::to_value(v)?);
                 }
                 for (k, v) in d.capacity.unwrap_or_default() {
-                    let key = k.strip_prefix("gpu.nvidia.com/").unwrap_or(&k).to_string();
+                    let key = unqualified(&k);
                     let n = gpu_dra_api::quantity::parse_int(&v.value.0)
                         .map_err(|e| anyhow!("capacity {k} of {}: {e}", d.name))?;
                     info.capacity.insert(key, n);

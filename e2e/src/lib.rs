@@ -16,7 +16,7 @@ pub mod plugin;
 pub mod real_kubelet;
 
 /// The DRA driver name the plugin serves.
-pub const DRIVER: &str = "gpu.nvidia.com";
+pub use gpu_dra_api::names::GPU_DRIVER as DRIVER;
 
 /// The scenario's [`env::Env`], or an early `Ok(())` (the scenario prints SKIP) when no cluster is
 /// configured (`E2E_KUBECONFIG` unset).

@@ -194,6 +194,10 @@ struct XorShift(u64);
 
 impl XorShift {
     fn seeded() -> Self {
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "the low 64 bits of the clock are seed enough"
+        )]
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(1, |d| d.as_nanos() as u64);

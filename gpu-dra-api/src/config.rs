@@ -13,7 +13,8 @@
 //!    the config, and returns the effective config ([`DeviceConfig`] / [`ComputeDomainConfig`]).
 //!
 //! The kubelet plugin of both drivers (`gpu.nvidia.com`, `compute-domain.nvidia.com`) decodes
-//! through here. The ComputeDomain controller writes its configs as JSON of the same shape.
+//! through here. The ComputeDomain controller writes its configs through the same types
+//! ([`OpaqueConfig`] serializes as `opaque.parameters`).
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};

@@ -7,14 +7,12 @@
 pub mod config;
 pub mod gates;
 pub mod inventory;
+pub mod names;
 pub mod profiles;
 pub mod quantity;
 pub mod simulated;
 #[cfg(feature = "slices")]
 pub mod slices;
-
-/// The driver name, and the attribute domain of unqualified attributes.
-pub const DRIVER_NAME: &str = "gpu.nvidia.com";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -1,4 +1,5 @@
 //! Just enough of Kubernetes quantities for the driver: memory sizes in and out.
+//! Not shared with dra-sim's CEL quantity type: that needs exact decimals, formats and Go's errors.
 use crate::{Error, Result};
 
 /// Parses a Kubernetes quantity (`40Gi`, `512M`, `1e3`, `1024`) into a whole number of bytes,
@@ -87,8 +88,11 @@ pub fn value(s: &str) -> Result<i128> {
         "Pi" => Scale::Binary(50),
         "Ei" => Scale::Binary(60),
         e if e.len() > 1 && e.starts_with(['e', 'E']) => {
+            let exponent: i64 = e[1..].parse().map_err(|_| bad())?;
             // Kubernetes parses the exponent as int64 and keeps its low 32 bits.
-            Scale::Decimal(i64::from(e[1..].parse::<i64>().map_err(|_| bad())? as i32))
+            #[allow(clippy::cast_possible_truncation)]
+            let low_bits = exponent as i32;
+            Scale::Decimal(i64::from(low_bits))
         }
         _ => return Err(bad()),
     };
@@ -100,7 +104,7 @@ pub fn value(s: &str) -> Result<i128> {
     } else {
         mantissa_digits.parse().ok()
     };
-    let frac = frac_digits.len() as i64;
+    let frac = i64::try_from(frac_digits.len()).unwrap_or(i64::MAX);
     let pow10 = |e: i64| u32::try_from(e).ok().and_then(|e| 10u128.checked_pow(e));
     let (numerator, denominator): (Option<u128>, Option<u128>) = match scale {
         Scale::Decimal(e) => {

@@ -88,30 +88,31 @@ pub fn simulate_node(
 ) -> Result<Inventory> {
     let total: u32 = groups.iter().map(|g| g.count).sum();
     let mut gpus = Vec::new();
+    let mut index: u32 = 0;
     for group in groups {
         let model = profiles::lookup(&group.profile)?;
         let layout = group.mig_layout.as_deref().or(default_layout);
         for _ in 0..group.count {
-            let index = gpus.len() as u32;
             let mut gpu = simulated_gpu(node, index, total, model);
             if let (Some(layout), Some(mig)) = (layout, gpu.mig.as_mut()) {
                 let chosen = plan_layout(model, layout)?;
                 mig.enabled = !chosen.is_empty();
                 mig.devices = chosen
                     .iter()
-                    .enumerate()
-                    .map(|(i, (p, start))| MigDevice {
+                    .zip(1u32..)
+                    .map(|((p, start), gi_id)| MigDevice {
                         profile: p.name.clone(),
                         gi_profile_id: p.gi_profile_id,
                         placement_start: *start,
                         placement_size: p.memory_slices,
                         uuid: sim_mig_uuid(&gpu.uuid, p.gi_profile_id, *start),
-                        gi_id: i as u32 + 1,
+                        gi_id,
                         ci_id: 0,
                     })
                     .collect();
             }
             gpus.push(gpu);
+            index += 1;
         }
     }
     Ok(Inventory { gpus })
@@ -209,7 +210,7 @@ pub fn plan_layout<'m>(model: &'m GpuModel, layout: &str) -> Result<Vec<(&'m Mig
         let p = profile(name)?;
         let fit = (model.compute_slices / p.compute_slices)
             .min(p.max_instances)
-            .min(p.placements.len() as u32);
+            .min(u32::try_from(p.placements.len()).unwrap_or(u32::MAX));
         vec![p; fit as usize]
     } else {
         layout
@@ -242,8 +243,8 @@ fn place<'m>(
     if used_compute + first.compute_slices > model.compute_slices {
         return false;
     }
-    let count_same = chosen.iter().filter(|(p, _)| p.name == first.name).count() as u32;
-    if count_same >= first.max_instances {
+    let count_same = chosen.iter().filter(|(p, _)| p.name == first.name).count();
+    if count_same >= first.max_instances as usize {
         return false;
     }
     for [start, size] in &first.placements {

@@ -9,10 +9,11 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
+use crate::Result;
 use crate::inventory::{Gpu, Inventory, gpu_device_name, mig_device_name, semver_of};
+use crate::names::GPU_DRIVER;
 use crate::profiles::MigProfile;
 use crate::simulated::{GpuGroup, simulate_node};
-use crate::{DRIVER_NAME, Result};
 
 /// API limits on one slice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -33,7 +34,7 @@ pub struct SliceOptions {
 impl SliceOptions {
     pub fn new(node_name: &str) -> Self {
         SliceOptions {
-            driver: DRIVER_NAME.into(),
+            driver: GPU_DRIVER.into(),
             node_name: node_name.into(),
             dynamic_mig: false,
             split_counters: true,
@@ -162,7 +163,7 @@ pub fn to_resource_slices(
     generation: i64,
     owner: Option<OwnerReference>,
 ) -> Vec<ResourceSlice> {
-    let count = contents.len() as i64;
+    let count = i64::try_from(contents.len()).unwrap_or(i64::MAX);
     contents
         .into_iter()
         .enumerate()
@@ -431,10 +432,13 @@ fn profile_counters(p: &MigProfile) -> BTreeMap<String, Counter> {
 /// are what really keeps placements apart), and exactly its memory and slices.
 fn dynamic_mig_counters(gpu: &Gpu) -> BTreeMap<String, Counter> {
     let mig = gpu.mig.as_ref().expect("called for MIG-capable GPUs");
-    let most = |f: fn(&MigProfile) -> u32| -> u64 {
+    let most = |f: fn(&MigProfile) -> u64| -> u64 {
         mig.profiles
             .iter()
-            .map(|p| u64::from(f(p)) * u64::from(p.max_instances.min(p.placements.len() as u32)))
+            .map(|p| {
+                let placements = u32::try_from(p.placements.len()).unwrap_or(u32::MAX);
+                f(p) * u64::from(p.max_instances.min(placements))
+            })
             .max()
             .unwrap_or(0)
     };
@@ -442,17 +446,23 @@ fn dynamic_mig_counters(gpu: &Gpu) -> BTreeMap<String, Counter> {
     let mut totals = BTreeMap::from([
         (
             "multiprocessors".to_string(),
-            c(u64::from(gpu.multiprocessors).max(most(|p| p.multiprocessors))),
+            c(u64::from(gpu.multiprocessors).max(most(|p| u64::from(p.multiprocessors)))),
         ),
-        ("copy-engines".into(), c(most(|p| p.copy_engines))),
-        ("decoders".into(), c(most(|p| p.decoders))),
-        ("encoders".into(), c(most(|p| p.encoders))),
-        ("jpeg-engines".into(), c(most(|p| p.jpeg_engines))),
-        ("ofa-engines".into(), c(most(|p| p.ofa_engines))),
+        (
+            "copy-engines".into(),
+            c(most(|p| u64::from(p.copy_engines))),
+        ),
+        ("decoders".into(), c(most(|p| u64::from(p.decoders)))),
+        ("encoders".into(), c(most(|p| u64::from(p.encoders)))),
+        (
+            "jpeg-engines".into(),
+            c(most(|p| u64::from(p.jpeg_engines))),
+        ),
+        ("ofa-engines".into(), c(most(|p| u64::from(p.ofa_engines)))),
         (
             "memory".into(),
             Counter {
-                value: bytes(gpu.memory_bytes.max(most(|p| p.memory_mib as u32) << 20)),
+                value: bytes(gpu.memory_bytes.max(most(|p| p.memory_mib) << 20)),
             },
         ),
     ]);

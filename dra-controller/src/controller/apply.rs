@@ -7,10 +7,10 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::error::{Error, Result};
-use super::labels::FIELD_MANAGER;
+use gpu_dra_api::names::CONTROLLER_FIELD_MANAGER;
 
 pub fn params() -> PatchParams {
-    PatchParams::apply(FIELD_MANAGER).force()
+    PatchParams::apply(CONTROLLER_FIELD_MANAGER).force()
 }
 
 /// Apply `obj` as the whole of what we want of it; fields we applied before and omit now are removed.

@@ -9,6 +9,13 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_dra_api::config::OpaqueConfig;
+use gpu_dra_api::config::v1beta1::{ComputeDomainChannelConfig, ComputeDomainDaemonConfig};
+use gpu_dra_api::names::{
+    COMPUTE_DOMAIN_CHANNEL_CLASS, COMPUTE_DOMAIN_CLIQUE_LABEL, COMPUTE_DOMAIN_DAEMON_CLASS,
+    COMPUTE_DOMAIN_DRIVER, COMPUTE_DOMAIN_FINALIZER, COMPUTE_DOMAIN_NAME_ANNOTATION,
+    COMPUTE_DOMAIN_NAMESPACE_ANNOTATION, COMPUTE_DOMAIN_NODE_LABEL,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
@@ -25,28 +32,13 @@ use super::crd::{
 };
 use super::error::{Error, Result};
 use super::gpucluster::CD_DAEMON_COMPONENT;
-use super::labels::{
-    COMPONENT, COMPUTE_DOMAIN_DRIVER, COMPUTE_DOMAIN_FINALIZER, COMPUTE_DOMAIN_NODE_LABEL,
-    MANAGED_BY, PART_OF,
-};
+use super::labels::{COMPONENT, MANAGED_BY, PART_OF};
 use super::metrics::Metrics;
 
-/// DeviceClass of the workload's IMEX channel.
-pub const CHANNEL_CLASS: &str = "compute-domain-default-channel.nvidia.com";
-/// DeviceClass of the per-node IMEX daemon device.
-pub const DAEMON_CLASS: &str = "compute-domain-daemon.nvidia.com";
 /// Request name in the workload template; pods refer to it in `resources.claims[].request`.
 pub const CHANNEL_REQUEST: &str = "channel";
 /// Request name in the daemon template.
 pub const DAEMON_REQUEST: &str = "daemon";
-/// API version and kinds of the opaque configs the compute-domain kubelet plugin reads.
-pub const CONFIG_API_VERSION: &str = "resource.nvidia.com/v1beta1";
-/// Label on daemon pods naming the clique (`<clusterUUID>.<cliqueId>`) the daemon joined; set by the
-/// daemon side, read into `status.nodes[].cliqueID`.
-pub const CLIQUE_LABEL: &str = "resource.nvidia.com/computeDomain.cliqueID";
-/// Annotations on daemon objects that lead a watch event back to its domain.
-pub const DOMAIN_NAMESPACE_ANNOTATION: &str = "resource.nvidia.com/computeDomain.namespace";
-pub const DOMAIN_NAME_ANNOTATION: &str = "resource.nvidia.com/computeDomain.name";
 
 const CONTROLLER: &str = "computedomain";
 const SHORT_REQUEUE: Duration = Duration::from_secs(5);
@@ -100,6 +92,11 @@ fn typed<T: serde::de::DeserializeOwned>(v: Value) -> Result<T> {
     serde_json::from_value(v).map_err(Error::Serialize)
 }
 
+/// An opaque config as `opaque.parameters`, through the types the compute-domain plugin decodes.
+fn opaque_parameters(config: OpaqueConfig) -> Result<Value> {
+    serde_json::to_value(config).map_err(Error::Serialize)
+}
+
 /// The workload template (`spec.channel.resourceClaimTemplate.name` in the domain's namespace, owned by
 /// the domain): one `channel` device with the opaque `ComputeDomainChannelConfig`.
 pub fn channel_template(cd: &ComputeDomain) -> Result<ResourceClaimTemplate> {
@@ -111,6 +108,12 @@ pub fn channel_template(cd: &ComputeDomain) -> Result<ResourceClaimTemplate> {
         AllocationMode::Single => "Single",
         AllocationMode::All => "All",
     };
+    let parameters = opaque_parameters(OpaqueConfig::ComputeDomainChannel(
+        ComputeDomainChannelConfig {
+            domain_id: uid.clone(),
+            allocation_mode: mode.into(),
+        },
+    ))?;
     let mut l = labels(&uid);
     l.insert(
         "app.kubernetes.io/name".into(),
@@ -127,15 +130,10 @@ pub fn channel_template(cd: &ComputeDomain) -> Result<ResourceClaimTemplate> {
             "ownerReferences": [owner],
         },
         "spec": { "spec": { "devices": {
-            "requests": [{ "name": CHANNEL_REQUEST, "exactly": { "deviceClassName": CHANNEL_CLASS } }],
+            "requests": [{ "name": CHANNEL_REQUEST, "exactly": { "deviceClassName": COMPUTE_DOMAIN_CHANNEL_CLASS } }],
             "config": [{ "requests": [CHANNEL_REQUEST], "opaque": {
                 "driver": COMPUTE_DOMAIN_DRIVER,
-                "parameters": {
-                    "apiVersion": CONFIG_API_VERSION,
-                    "kind": "ComputeDomainChannelConfig",
-                    "domainID": uid,
-                    "allocationMode": mode,
-                },
+                "parameters": parameters,
             }}],
         }}},
     }))
@@ -143,14 +141,19 @@ pub fn channel_template(cd: &ComputeDomain) -> Result<ResourceClaimTemplate> {
 
 fn domain_annotations(cd: &ComputeDomain) -> Result<Value> {
     Ok(json!({
-        DOMAIN_NAMESPACE_ANNOTATION: domain_namespace(cd)?,
-        DOMAIN_NAME_ANNOTATION: cd.name_any(),
+        COMPUTE_DOMAIN_NAMESPACE_ANNOTATION: domain_namespace(cd)?,
+        COMPUTE_DOMAIN_NAME_ANNOTATION: cd.name_any(),
     }))
 }
 
 /// The daemon template (driver namespace): one `daemon` device with `ComputeDomainDaemonConfig`.
 pub fn daemon_template(cd: &ComputeDomain, driver_ns: &str) -> Result<ResourceClaimTemplate> {
     let uid = domain_uid(cd)?;
+    let parameters = opaque_parameters(OpaqueConfig::ComputeDomainDaemon(
+        ComputeDomainDaemonConfig {
+            domain_id: uid.clone(),
+        },
+    ))?;
     typed(json!({
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
@@ -161,14 +164,10 @@ pub fn daemon_template(cd: &ComputeDomain, driver_ns: &str) -> Result<ResourceCl
             "annotations": domain_annotations(cd)?,
         },
         "spec": { "spec": { "devices": {
-            "requests": [{ "name": DAEMON_REQUEST, "exactly": { "deviceClassName": DAEMON_CLASS } }],
+            "requests": [{ "name": DAEMON_REQUEST, "exactly": { "deviceClassName": COMPUTE_DOMAIN_DAEMON_CLASS } }],
             "config": [{ "requests": [DAEMON_REQUEST], "opaque": {
                 "driver": COMPUTE_DOMAIN_DRIVER,
-                "parameters": {
-                    "apiVersion": CONFIG_API_VERSION,
-                    "kind": "ComputeDomainDaemonConfig",
-                    "domainID": uid,
-                },
+                "parameters": parameters,
             }}],
         }}},
     }))
@@ -251,7 +250,11 @@ pub fn aggregate(
             ComputeDomainNode {
                 name: node,
                 ip_address: status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
-                clique_id: pod.labels().get(CLIQUE_LABEL).cloned().unwrap_or_default(),
+                clique_id: pod
+                    .labels()
+                    .get(COMPUTE_DOMAIN_CLIQUE_LABEL)
+                    .cloned()
+                    .unwrap_or_default(),
                 index: -1,
                 status: if ready {
                     DomainStatus::Ready
@@ -277,8 +280,10 @@ pub fn aggregate(
         .values()
         .filter(|n| n.status == DomainStatus::Ready)
         .count();
-    let domain_ready = if num_nodes > 0 {
-        ready >= num_nodes as usize
+    let domain_ready = if let Ok(want) = usize::try_from(num_nodes)
+        && want > 0
+    {
+        ready >= want
     } else {
         ready == observed.len()
     };
@@ -344,8 +349,11 @@ pub async fn reconcile(cd: Arc<ComputeDomain>, ctx: Arc<Ctx>) -> Result<Action> 
     let previous = cd.status.as_ref().map_or(&[][..], |s| s.nodes.as_slice());
     let status = aggregate(previous, &pods.items, cd.spec.num_nodes);
     let ready = status.status == DomainStatus::Ready;
-    let body =
-        json!({ "apiVersion": CONFIG_API_VERSION, "kind": "ComputeDomain", "status": status });
+    let body = json!({
+        "apiVersion": ComputeDomain::api_version(&()),
+        "kind": ComputeDomain::kind(&()),
+        "status": status,
+    });
     api.patch_status(&cd.name_any(), &params(), &Patch::Apply(body))
         .await?;
     Ok(Action::requeue(if ready { RESYNC } else { STATUS_SYNC }))
@@ -409,7 +417,7 @@ async fn teardown(cd: &ComputeDomain, ctx: &Ctx) -> Result<Option<&'static str>>
 /// Watch mapper: the domain a daemon DaemonSet or pod belongs to, from its annotations.
 pub fn domain_of<K: Resource>(obj: &K) -> Option<ObjectRef<ComputeDomain>> {
     let a = obj.meta().annotations.as_ref()?;
-    let ns = a.get(DOMAIN_NAMESPACE_ANNOTATION)?;
-    let name = a.get(DOMAIN_NAME_ANNOTATION)?;
+    let ns = a.get(COMPUTE_DOMAIN_NAMESPACE_ANNOTATION)?;
+    let name = a.get(COMPUTE_DOMAIN_NAME_ANNOTATION)?;
     Some(ObjectRef::new(name).within(ns))
 }

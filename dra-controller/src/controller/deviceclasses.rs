@@ -1,30 +1,31 @@
 //! The DeviceClasses, embedded from `deviceclasses/*.yaml` so the files stay usable with `kubectl apply`.
+use gpu_dra_api::names::{
+    COMPUTE_DOMAIN_CHANNEL_CLASS, COMPUTE_DOMAIN_DAEMON_CLASS, GPU_CLASS, MIG_CLASS,
+    MIGRATION_CLASS, VFIO_CLASS,
+};
 use k8s_openapi::api::resource::v1::DeviceClass;
 
 use super::error::{Error, Result};
 
-/// The class that maps `nvidia.com/gpu` onto whole DRA GPUs; optional per GPUCluster.
-pub const MIGRATION_CLASS: &str = "migration.gpu.nvidia.com";
-
 const FILES: [(&str, &str); 6] = [
     (
-        "gpu.nvidia.com",
+        GPU_CLASS,
         include_str!("../../../deviceclasses/gpu.nvidia.com.yaml"),
     ),
     (
-        "mig.nvidia.com",
+        MIG_CLASS,
         include_str!("../../../deviceclasses/mig.nvidia.com.yaml"),
     ),
     (
-        "vfio.gpu.nvidia.com",
+        VFIO_CLASS,
         include_str!("../../../deviceclasses/vfio.gpu.nvidia.com.yaml"),
     ),
     (
-        "compute-domain-daemon.nvidia.com",
+        COMPUTE_DOMAIN_DAEMON_CLASS,
         include_str!("../../../deviceclasses/compute-domain-daemon.nvidia.com.yaml"),
     ),
     (
-        "compute-domain-default-channel.nvidia.com",
+        COMPUTE_DOMAIN_CHANNEL_CLASS,
         include_str!("../../../deviceclasses/compute-domain-default-channel.nvidia.com.yaml"),
     ),
     (

@@ -4,6 +4,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use gpu_dra_api::names::{
+    COMPUTE_DOMAIN_DRIVER, CONTROLLER_FIELD_MANAGER, DEVICE_PLUGIN_LABEL, DRA_DRIVER_LABEL,
+    GPU_DRIVER, GPU_RESOURCE, GPUCLUSTER_FINALIZER,
+};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -21,9 +25,7 @@ use tracing::{info, instrument, warn};
 use super::apply::{apply, delete, params, set_finalizer};
 use super::crd::{GPUCluster, GPUClusterSpec};
 use super::error::{Error, Result};
-use super::labels::{
-    COMPONENT, COMPUTE_DOMAIN_DRIVER, GPU_DRIVER, GPU_RESOURCE, GPUCLUSTER_FINALIZER,
-};
+use super::labels::COMPONENT;
 use super::metrics::Metrics;
 use super::pool::{self, NodeFacts, PoolPlan};
 use super::render::{self, CD_CONTROLLER, PLUGIN, Target};
@@ -165,7 +167,7 @@ async fn converge(gc: &GPUCluster, ctx: &Ctx) -> Result<Action> {
     });
     ctx.metrics.pool.set(&plan);
     let api: Api<GPUCluster> = Api::all(client.clone());
-    let body = json!({ "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster", "status": st });
+    let body = json!({ "apiVersion": GPUCluster::api_version(&()), "kind": GPUCluster::kind(&()), "status": st });
     api.patch_status(&gc.name_any(), &params(), &Patch::Apply(body))
         .await?;
 
@@ -208,10 +210,7 @@ async fn observe_pool(ctx: &Ctx, spec: &GPUClusterSpec) -> Result<PoolPlan> {
                     .items
                     .iter()
                     .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name)),
-                owned_labels: pool::owned_label_keys(
-                    n.managed_fields(),
-                    super::labels::FIELD_MANAGER,
-                ),
+                owned_labels: pool::owned_label_keys(n.managed_fields(), CONTROLLER_FIELD_MANAGER),
                 name,
             }
         })
@@ -291,10 +290,11 @@ async fn teardown(ctx: &Ctx) -> Result<Teardown> {
     }
     let nodes: Api<Node> = Api::all(client.clone());
     for node in nodes.list(&ListParams::default()).await?.items {
-        let owned = pool::owned_label_keys(node.managed_fields(), super::labels::FIELD_MANAGER);
-        if owned.iter().any(|k| {
-            k == super::labels::DEVICE_PLUGIN_LABEL || k == super::labels::DRA_DRIVER_LABEL
-        }) {
+        let owned = pool::owned_label_keys(node.managed_fields(), CONTROLLER_FIELD_MANAGER);
+        if owned
+            .iter()
+            .any(|k| k == DEVICE_PLUGIN_LABEL || k == DRA_DRIVER_LABEL)
+        {
             let body = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": node.name_any(), "labels": {} } });
             if let Err(e) = nodes
                 .patch(&node.name_any(), &params(), &Patch::Apply(body))

@@ -43,11 +43,17 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
     }
 }
 
+/// `leaseDurationSeconds` (an `int32`) for a lease of `d`: longer ones are held for `i32::MAX`
+/// seconds, not wrapped to a lease that is expired at once or negative.
+fn lease_seconds(d: Duration) -> i32 {
+    i32::try_from(d.as_secs()).unwrap_or(i32::MAX)
+}
+
 impl LeaseLock {
     fn spec(&self, now: Timestamp, transitions: i32, acquired: Option<MicroTime>) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(self.duration.as_secs() as i32),
+            lease_duration_seconds: Some(lease_seconds(self.duration)),
             acquire_time: Some(acquired.unwrap_or(MicroTime(now))),
             renew_time: Some(MicroTime(now)),
             lease_transitions: Some(transitions),
@@ -136,6 +142,14 @@ mod tests {
             decide(Some(&released), "me", at(100)),
             Decision::Take { transition: true }
         );
+    }
+
+    #[test]
+    fn a_lease_too_long_for_int32_is_held_longest_not_wrapped() {
+        assert_eq!(lease_seconds(Duration::from_secs(15)), 15);
+        // `as i32` made these a 15-second lease and a negative one
+        assert_eq!(lease_seconds(Duration::from_secs((1 << 32) + 15)), i32::MAX);
+        assert_eq!(lease_seconds(Duration::from_secs(1 << 31)), i32::MAX);
     }
 
     #[test]

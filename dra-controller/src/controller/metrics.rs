@@ -85,7 +85,7 @@ impl PoolMetrics {
         let set = |state, n: usize| {
             self.nodes
                 .get_or_create(&NodeStateLabel { state })
-                .set(n as i64)
+                .set(i64::try_from(n).unwrap_or(i64::MAX))
         };
         set("pool", plan.pool_nodes());
         set("ready", plan.ready_nodes());

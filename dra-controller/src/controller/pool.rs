@@ -6,11 +6,11 @@
 //! prepared claims, then loses the plugin, and gets the device plugin back only after the plugin pod is gone.
 use std::collections::{BTreeMap, BTreeSet};
 
+use gpu_dra_api::names::{DEVICE_PLUGIN_LABEL, DRA_DRIVER_LABEL, GPU_PRESENT_LABEL};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 
 use super::error::{Error, Result};
-use super::labels::{DEVICE_PLUGIN_LABEL, DRA_DRIVER_LABEL, GPU_PRESENT_LABEL};
 
 /// What the planner needs to know about one node.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -1,10 +1,10 @@
 //! GPUCluster status as a pure function of the pool plan and the plugin DaemonSet's status.
+use gpu_dra_api::names::{DEVICE_PLUGIN_LABEL, GPU_RESOURCE};
 use k8s_openapi::api::apps::v1::DaemonSetStatus;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 
 use super::crd::{GPUClusterStatus, State};
-use super::labels::{DEVICE_PLUGIN_LABEL, GPU_RESOURCE};
 use super::pool::PoolPlan;
 
 pub const READY: &str = "Ready";
@@ -29,7 +29,10 @@ pub fn compute(i: &Inputs<'_>) -> GPUClusterStatus {
     let pool = i.plan.pool_nodes();
     let state = if pool == 0 {
         State::Disabled
-    } else if conflicting.is_empty() && ready == desired && desired as usize >= i.plan.ready_nodes()
+    } else if conflicting.is_empty()
+        && ready == desired
+        // a negative count (never a real one) is not "every node"
+        && usize::try_from(desired).is_ok_and(|d| d >= i.plan.ready_nodes())
     {
         State::Ready
     } else {
@@ -82,12 +85,17 @@ pub fn compute(i: &Inputs<'_>) -> GPUClusterStatus {
         state: Some(state),
         namespace: Some(i.namespace.to_owned()),
         observed_generation: i.generation,
-        pool_nodes: pool as i32,
-        ready_nodes: i.plan.ready_nodes() as i32,
+        pool_nodes: count(pool),
+        ready_nodes: count(i.plan.ready_nodes()),
         conflicting_nodes: shorten(&conflicting),
         draining_nodes: shorten(&i.plan.draining()),
         conditions,
     }
+}
+
+/// A node count in status (an `int32` there): no cluster has `i32::MAX` nodes.
+fn count(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
 }
 
 fn shorten(names: &[String]) -> Vec<String> {
@@ -174,6 +182,14 @@ mod tests {
     }
 
     #[test]
+    fn a_negative_desired_count_is_not_ready() {
+        // `desired as usize` read -1 as every node
+        let p = plan(&pool_selector(None).unwrap(), &[facts("a", false)]);
+        let s = run(&p, Some(&ds(-1, -1)), &[]);
+        assert_eq!(s.state, Some(State::NotReady));
+    }
+
+    #[test]
     fn pods_not_ready_is_not_ready() {
         let p = plan(
             &pool_selector(None).unwrap(),
@@ -239,6 +255,6 @@ mod tests {
         let p = plan(&pool_selector(None).unwrap(), &nodes);
         let s = run(&p, None, &[]);
         assert_eq!(s.conflicting_nodes.len(), MAX_LISTED_NODES);
-        assert_eq!(s.pool_nodes as usize, MAX_LISTED_NODES + 5);
+        assert_eq!(usize::try_from(s.pool_nodes), Ok(MAX_LISTED_NODES + 5));
     }
 }

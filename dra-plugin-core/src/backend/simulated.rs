@@ -202,8 +202,8 @@ impl DeviceBackend for SimulatedBackend {
             .devices
             .iter()
             .filter(|d| d.gi_profile_id == gi_profile_id)
-            .count() as u32;
-        if same >= profile.max_instances {
+            .count();
+        if same >= profile.max_instances as usize {
             return Err(Error::Device(format!(
                 "insufficient resources: {} allows {} instances per GPU",
                 profile.name, profile.max_instances

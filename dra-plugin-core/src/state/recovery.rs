@@ -1,10 +1,11 @@
 //! Startup repair: MIG devices no claim owns, CDI specs out of step with the checkpoint, and
 //! claims adopted from their CDI specs after the checkpoint was lost.
+use gpu_dra_api::names::{CDI_CLAIM_ANNOTATION, CDI_DEVICES_ANNOTATION};
 use tracing::{info, warn};
 
 use super::{DeviceState, HardwareChange, known_changes};
 use crate::Error;
-use crate::cdi::{ANNOTATION_CLAIM, ANNOTATION_DEVICES, CdiStore, DeviceEdits, existing_edits};
+use crate::cdi::{CdiStore, DeviceEdits, existing_edits};
 use crate::checkpoint::{ClaimRecord, ClaimState};
 use crate::types::{ClaimRef, PreparedDevice};
 
@@ -136,12 +137,12 @@ impl DeviceState {
             };
             let key = spec
                 .annotations
-                .get(ANNOTATION_CLAIM)
+                .get(CDI_CLAIM_ANNOTATION)
                 .cloned()
                 .unwrap_or_default();
             let devices: Option<Vec<PreparedDevice>> = spec
                 .annotations
-                .get(ANNOTATION_DEVICES)
+                .get(CDI_DEVICES_ANNOTATION)
                 .and_then(|d| serde_json::from_str(d).ok());
             let (Some((namespace, name)), Some(devices)) = (key.split_once('/'), devices) else {
                 warn!(claimUID = %uid, "CDI spec lacks claim annotations; removing it");

@@ -403,7 +403,7 @@ async fn startup_repairs_missing_specs_and_sweeps_orphans() {
     assert_eq!(u1.devices[0].name, "u1-gpu-1");
     assert_eq!(
         serde_json::from_str::<Vec<PreparedDevice>>(
-            &u1.annotations[crate::cdi::ANNOTATION_DEVICES]
+            &u1.annotations[gpu_dra_api::names::CDI_DEVICES_ANNOTATION]
         )
         .unwrap(),
         whole

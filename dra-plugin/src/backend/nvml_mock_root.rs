@@ -306,7 +306,7 @@ pub fn run(args: MockRootArgs) -> anyhow::Result<()> {
     // The simulated backend's own construction, so the mock is its hardware exactly.
     let device = DeviceArgs {
         node_name: args.node_name.clone(),
-        driver_name: gpu_dra_api::DRIVER_NAME.to_string(),
+        driver_name: gpu_dra_api::names::GPU_DRIVER.to_string(),
         feature_gates: String::new(),
         backend: Backend::Simulated,
         hardware: args.hardware.clone(),

@@ -315,7 +315,12 @@ fn put_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
 }
 
 /// An HPACK integer (RFC 7541 section 5.1) with `prefix` bits in the first octet.
+#[allow(
+    clippy::cast_possible_truncation,
+    reason = "each value cast is below 2^prefix <= 2^8, or masked to 7 bits"
+)]
 fn put_int(out: &mut Vec<u8>, first: u8, prefix: u32, value: usize) {
+    debug_assert!((1..=8).contains(&prefix), "an HPACK prefix is 1 to 8 bits");
     let max = (1usize << prefix) - 1;
     if value < max {
         out.push(first | value as u8);

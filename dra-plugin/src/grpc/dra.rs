@@ -8,7 +8,7 @@ use kubelet_proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, gauge_count};
 use crate::prepare::{ClaimSource, Preparer};
 use dra_plugin_core::types::ClaimRef;
 
@@ -79,7 +79,7 @@ impl DraService {
             .observe(start.elapsed().as_secs_f64());
         self.metrics
             .prepared_devices
-            .set(self.state.prepared_device_count() as i64);
+            .set(gauge_count(self.state.prepared_device_count()));
         v1::NodePrepareResourcesResponse {
             claims: results.into_iter().collect(),
         }
@@ -111,7 +111,7 @@ impl DraService {
             .observe(start.elapsed().as_secs_f64());
         self.metrics
             .prepared_devices
-            .set(self.state.prepared_device_count() as i64);
+            .set(gauge_count(self.state.prepared_device_count()));
         v1::NodeUnprepareResourcesResponse {
             claims: results.into_iter().collect(),
         }

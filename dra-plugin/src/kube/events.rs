@@ -1,4 +1,5 @@
 //! Events on the Node object, for problems an operator must see without reading plugin logs.
+use gpu_dra_api::names::PLUGIN_COMPONENT;
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
 use kube::Api;
@@ -62,13 +63,13 @@ pub async fn node_warning(
         message: Some(message.chars().take(1024).collect()),
         type_: Some("Warning".into()),
         source: Some(EventSource {
-            component: Some("gpu.nvidia.com/dra-plugin".into()),
+            component: Some(PLUGIN_COMPONENT.into()),
             host: Some(node.into()),
         }),
         first_timestamp: Some(Time(now)),
         last_timestamp: Some(Time(now)),
         event_time: Some(MicroTime(now)),
-        reporting_component: Some("gpu.nvidia.com/dra-plugin".into()),
+        reporting_component: Some(PLUGIN_COMPONENT.into()),
         reporting_instance: Some(node.into()),
         action: Some(action.into()),
         count: Some(1),

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
+use gpu_dra_api::names::PLUGIN_COMPONENT;
 use gpu_dra_api::slices::{SliceContent, SliceOptions, to_resource_slices};
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::resource::v1::ResourceSlice;
@@ -15,9 +16,7 @@ use tokio::sync::watch;
 use tracing::{debug, info, warn};
 
 use crate::Error;
-use crate::metrics::Metrics;
-
-pub const FIELD_MANAGER: &str = "gpu.nvidia.com/dra-plugin";
+use crate::metrics::{Metrics, gauge_count};
 
 pub struct Publisher {
     client: kube::Client,
@@ -123,7 +122,7 @@ impl Publisher {
                 })
             });
         let devices: usize = contents.iter().map(|c| c.devices.len()).sum();
-        self.metrics.published_devices.set(devices as i64);
+        self.metrics.published_devices.set(gauge_count(devices));
         if up_to_date {
             return Ok(false);
         }
@@ -134,7 +133,7 @@ impl Publisher {
             generation,
             Some(self.owner().await?),
         );
-        let params = PatchParams::apply(FIELD_MANAGER).force();
+        let params = PatchParams::apply(PLUGIN_COMPONENT).force();
         for slice in &desired {
             let name = slice.metadata.name.clone().expect("slices are named");
             let mut body = serde_json::to_value(slice).expect("slice serializes");

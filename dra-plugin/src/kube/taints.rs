@@ -41,7 +41,7 @@ mod tests {
     use std::time::{Duration, SystemTime};
 
     use dra_plugin_core::backend::{HealthEvent, HealthEventKind};
-    use dra_plugin_core::health::{TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
+    use gpu_dra_api::names::{TAINT_GPU_LOST, TAINT_UNMONITORED, TAINT_XID};
     use gpu_dra_api::simulated::{GpuGroup, simulate_node};
     use gpu_dra_api::slices::{SliceOptions, build_pool};
 

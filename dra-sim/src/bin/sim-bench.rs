@@ -159,6 +159,11 @@ fn main() -> anyhow::Result<()> {
             go_cel,
             rust_cel / go_cel
         );
+        perf_row(
+            "sim: CEL selector evaluations per second, ours vs cel-go",
+            "≥ 10×",
+            format!("{rust_cel:.0} vs {go_cel:.0} ({:.1}×)", rust_cel / go_cel),
+        );
     }
 
     // 2. allocation over N nodes
@@ -211,7 +216,7 @@ fn main() -> anyhow::Result<()> {
         fits = cold_pod();
         iters += 1;
     }
-    let rust_pod = start.elapsed().as_secs_f64() / iters.max(1) as f64;
+    let rust_pod = start.elapsed().as_secs_f64() / f64::from(iters.max(1));
     println!(
         "alloc: rust {:.4} s per pod over {} nodes x 8 H100 (dynamic MIG), {} pods, {} nodes fit (cold: fresh allocator and device cache per pod; first pod {:.4} s)",
         rust_pod, nodes, iters, fits, rust_first
@@ -247,7 +252,7 @@ fn main() -> anyhow::Result<()> {
         fits = store_pod();
         siters += 1;
     }
-    let rust_store = start.elapsed().as_secs_f64() / siters as f64;
+    let rust_store = start.elapsed().as_secs_f64() / f64::from(siters);
     println!(
         "alloc: rust {rust_store:.4} s per pod, {siters} pods, {fits} nodes fit (slice store: per-slice facts built once in {facts_s:.2} s when the slices load, then per pod a fresh allocator and fresh class and selector outcomes; first pod {store_first:.4} s)"
     );
@@ -278,7 +283,7 @@ fn main() -> anyhow::Result<()> {
         }
         witers += 1;
     }
-    let rust_warm = start.elapsed().as_secs_f64() / witers as f64;
+    let rust_warm = start.elapsed().as_secs_f64() / f64::from(witers);
     drop(cache);
     drop(facts);
     println!("alloc: rust {rust_warm:.4} s per pod (warm: device cache kept between pods)");
@@ -337,6 +342,23 @@ fn main() -> anyhow::Result<()> {
             go_pod / rust_store,
             go_pod / rust_warm
         );
+        let shape = format!("{nodes} nodes × 8 H100, dynamic MIG");
+        for (how, ours) in [
+            ("from nothing per pod", rust_pod),
+            ("slice facts kept", rust_store),
+            ("device cache kept", rust_warm),
+        ] {
+            perf_row(
+                &format!("sim: one pod's allocation over {shape}, {how}, ours vs the Go allocator"),
+                "≥ 10×",
+                format!("{ours:.3} s vs {go_pod:.3} s ({:.1}×)", go_pod / ours),
+            );
+        }
     }
     Ok(())
+}
+
+/// One row of docs/perf.md for tools/perf-table.py: `perf|figure|goal|value`.
+fn perf_row(figure: &str, goal: &str, value: String) {
+    println!("perf|{figure}|{goal}|{value}");
 }

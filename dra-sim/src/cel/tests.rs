@@ -448,6 +448,30 @@ fn libraries() {
     );
 }
 
+/// A uint or double index must be exactly an int (cel-go's `IndexOrError` and map lookup): those
+/// beyond int64 used to wrap or saturate into one (the map lookup found the key 2^63 - 1). Answers
+/// checked against the Go oracle.
+#[test]
+fn indexes_beyond_int64_are_not_wrapped_into_one() {
+    let d = dev("", &[], &[], false);
+    let e = run("{9223372036854775807: true}[dyn(1e19)]", &d).unwrap_err();
+    assert!(e.contains("no such key"), "{e}");
+    for x in ["18446744073709551615u", "1e19", "-1e19", "1.5"] {
+        let e = run(&format!("[true][dyn({x})]"), &d).unwrap_err();
+        assert!(e.contains("unsupported index value"), "{x}: {e}");
+    }
+    let e = run("[true][dyn(3u)]", &d).unwrap_err();
+    assert!(e.contains("index out of bounds: 3"), "{e}");
+    for e in [
+        "[true][dyn(0u)]",
+        "[true][dyn(0.0)]",
+        "{1: true}[dyn(1.0)]",
+        "{1u: true}[dyn(1.0)]",
+    ] {
+        assert_eq!(run(e, &d), Ok(true), "{e}");
+    }
+}
+
 /// Equality of a Kubernetes type with another type behind `dyn` fails, but `!=` answers true
 /// (cel-go's "equality did not answer true"), and inside lists and maps such a member counts as
 /// equal; inside optionals the error passes on. Answers checked against the Go oracle.

@@ -216,3 +216,98 @@ impl<'de> Deserialize<'de> for Quantity {
         d.deserialize_any(V)
     }
 }
+
+/// The config as `opaque.parameters`: `apiVersion` and `kind`, then the kind's own fields. What
+/// the controller writes into claim templates, so writer and reader share these types.
+impl Serialize for super::OpaqueConfig {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        #[derive(Serialize)]
+        struct Tagged<'a, T> {
+            #[serde(rename = "apiVersion")]
+            api_version: &'static str,
+            kind: &'static str,
+            #[serde(flatten)]
+            body: &'a T,
+        }
+        fn tagged<T: Serialize, S: Serializer>(
+            kind: &'static str,
+            body: &T,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            Tagged {
+                api_version: super::API_VERSION,
+                kind,
+                body,
+            }
+            .serialize(s)
+        }
+        use super::OpaqueConfig as C;
+        let kind = self.kind_name();
+        match self {
+            C::Gpu(c) => tagged(kind, c, s),
+            C::Mig(c) => tagged(kind, c, s),
+            C::Vfio(c) => tagged(kind, c, s),
+            C::ComputeDomainChannel(c) => tagged(kind, c, s),
+            C::ComputeDomainDaemon(c) => tagged(kind, c, s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::super::OpaqueConfig;
+    use super::*;
+
+    #[test]
+    fn compute_domain_configs_serialize_as_the_controller_writes_them() {
+        let channel = OpaqueConfig::ComputeDomainChannel(ComputeDomainChannelConfig {
+            domain_id: "uid-1".into(),
+            allocation_mode: "Single".into(),
+        });
+        let v = serde_json::to_value(&channel).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainChannelConfig",
+                   "domainID": "uid-1", "allocationMode": "Single"})
+        );
+        assert_eq!(OpaqueConfig::decode(&v, "p").unwrap(), channel);
+
+        let daemon = OpaqueConfig::ComputeDomainDaemon(ComputeDomainDaemonConfig {
+            domain_id: "uid-1".into(),
+        });
+        let v = serde_json::to_value(&daemon).unwrap();
+        assert_eq!(
+            v,
+            json!({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainDaemonConfig",
+                   "domainID": "uid-1"})
+        );
+        assert_eq!(OpaqueConfig::decode(&v, "p").unwrap(), daemon);
+    }
+
+    #[test]
+    fn every_kind_round_trips_through_the_decoder() {
+        let gpu = OpaqueConfig::Gpu(GpuConfig {
+            sharing: Some(GpuSharing {
+                strategy: "MPS".into(),
+                time_slicing_config: None,
+                mps_config: Some(MpsConfig {
+                    default_active_thread_percentage: Some(50),
+                    default_pinned_device_memory_limit: Some(Quantity("1Gi".into())),
+                    ..Default::default()
+                }),
+            }),
+        });
+        let vfio = OpaqueConfig::Vfio(VfioDeviceConfig {
+            iommu: Some(IommuConfig {
+                backend_policy: "PreferIommuFD".into(),
+                enable_api_device: Some(true),
+            }),
+        });
+        for c in [gpu, vfio, OpaqueConfig::Mig(MigDeviceConfig::default())] {
+            let v = serde_json::to_value(&c).unwrap();
+            assert_eq!(OpaqueConfig::decode(&v, "p").unwrap(), c, "{v}");
+        }
+    }
+}

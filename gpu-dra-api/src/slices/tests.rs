@@ -257,7 +257,7 @@ fn counters_never_allow_overlapping_or_oversubscribed_placements() {
         let used = profile_counters(p);
         for (k, v) in &used {
             assert!(
-                int(&v.value) * u128::from(p.max_instances.min(p.placements.len() as u32))
+                int(&v.value) * u128::from(p.max_instances).min(p.placements.len() as u128)
                     <= int(&totals[k].value),
                 "{} {k}",
                 p.name
@@ -537,8 +537,8 @@ fn counters_match_the_hardware_for_every_model_and_placement() {
                 let n = chosen
                     .iter()
                     .filter(|&&j| profile_of(migs[j].0) == p.name)
-                    .count() as u32;
-                if n > p.max_instances {
+                    .count();
+                if n > p.max_instances as usize {
                     return false;
                 }
             }

@@ -1,11 +1,11 @@
 //! The kubelet-plugin DaemonSet running `dra-plugin run`, placed only on nodes the migration pool marked
 //! ready (`nvidia.com/gpu.deploy.dra-driver=true`).
+use gpu_dra_api::names::{COMPUTE_DOMAIN_DRIVER, DRA_DRIVER_LABEL, GPU_DRIVER};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use serde_json::{Value, json};
 
 use super::{Target, container_env, liveness, typed};
 use crate::controller::error::Result;
-use crate::controller::labels::{DRA_DRIVER_LABEL, GPU_DRIVER};
 
 /// Name of the DaemonSet, its ServiceAccount and its RBAC objects.
 pub const PLUGIN: &str = "gpu-dra-kubelet-plugin";
@@ -103,9 +103,8 @@ fn container(
     c
 }
 
-/// The compute-domain driver's container: `dra-plugin run` with `DRIVER_NAME=compute-domain.nvidia.com`.
-pub const CD_DRIVER: &str = "compute-domain.nvidia.com";
-/// Its metrics port, next to the GPU container's in the same pod.
+/// Metrics port of the compute-domain driver's container (`dra-plugin run` with
+/// `DRIVER_NAME=compute-domain.nvidia.com`), next to the GPU container's in the same pod.
 pub const CD_METRICS_PORT: i32 = 8081;
 
 /// The DaemonSet with the `gpus` container (driver `gpu.nvidia.com`) and, with
@@ -121,7 +120,7 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
         METRICS_PORT,
         "plugin-dir",
     )];
-    let cd_paths = PluginPaths::new(t, CD_DRIVER);
+    let cd_paths = PluginPaths::new(t, COMPUTE_DOMAIN_DRIVER);
     let cd = &t.spec.dra_driver.compute_domains;
     let mut volumes = vec![
         json!({ "name": "plugins-registry", "hostPath": { "path": paths.registrar_dir, "type": "DirectoryOrCreate" } }),
@@ -133,7 +132,7 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
         containers.push(container(
             t,
             "compute-domains",
-            CD_DRIVER,
+            COMPUTE_DOMAIN_DRIVER,
             &cd.kubelet_plugin,
             CD_METRICS_PORT,
             "cd-plugin-dir",

@@ -233,9 +233,8 @@ impl Session {
         let lib = self.lib();
         let list = func(&lib.nvmlDeviceGetGpuInstances, "nvmlDeviceGetGpuInstances")?;
         let get_info = func(&lib.nvmlGpuInstanceGetInfo, "nvmlGpuInstanceGetInfo")?;
-        let mut handles: Vec<sys::nvmlGpuInstance_t> =
-            vec![std::ptr::null_mut(); profile.max_instances.max(1) as usize];
-        let mut count = handles.len() as u32;
+        let mut count = profile.max_instances.max(1);
+        let mut handles: Vec<sys::nvmlGpuInstance_t> = vec![std::ptr::null_mut(); count as usize];
         // SAFETY: the array holds `count` entries.
         match Status::ok(unsafe {
             list(

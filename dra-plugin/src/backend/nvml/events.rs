@@ -25,7 +25,7 @@ impl NvmlBackend {
         }
         let set = events.as_ref().expect("just set").set;
         let wait = func(&s.lib().nvmlEventSetWait_v2, "nvmlEventSetWait_v2")?;
-        let mut ms = timeout.as_millis().min(u32::MAX as u128) as u32;
+        let mut ms = u32::try_from(timeout.as_millis()).unwrap_or(u32::MAX);
         loop {
             // SAFETY: zeroed out-struct, event set from this session.
             let mut data: sys::nvmlEventData_t = unsafe { std::mem::zeroed() };

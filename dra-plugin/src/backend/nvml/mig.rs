@@ -45,8 +45,8 @@ fn why_no_room(
     let same = existing
         .iter()
         .filter(|d| d.gi_profile_id == profile.gi_profile_id)
-        .count() as u32;
-    if same >= profile.max_instances {
+        .count();
+    if same >= profile.max_instances as usize {
         return Some(format!(
             "insufficient resources: {} allows {} instances per GPU",
             profile.name, profile.max_instances
@@ -350,8 +350,9 @@ impl Session {
         )?;
         let destroy_gi = func(&lib.nvmlGpuInstanceDestroy, "nvmlGpuInstanceDestroy")?;
         for profile in 0..sys::NVML_COMPUTE_INSTANCE_PROFILE_COUNT {
-            let mut cis: Vec<sys::nvmlComputeInstance_t> = vec![std::ptr::null_mut(); 8];
-            let mut count = cis.len() as u32;
+            let mut count: u32 = 8;
+            let mut cis: Vec<sys::nvmlComputeInstance_t> =
+                vec![std::ptr::null_mut(); count as usize];
             // SAFETY: the array holds `count` entries.
             match Status::ok(unsafe { list(gi, profile, cis.as_mut_ptr(), &mut count) }) {
                 Ok(()) => {}

@@ -175,13 +175,23 @@ fn c_name(buf: &[std::os::raw::c_char]) -> String {
     let bytes: Vec<u8> = buf
         .iter()
         .take_while(|c| **c != 0)
-        .map(|c| *c as u8)
+        .map(|c| c.to_ne_bytes()[0])
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
 
 const fn struct_version<T>(v: u32) -> u32 {
-    std::mem::size_of::<T>() as u32 | (v << 24)
+    let size = std::mem::size_of::<T>();
+    assert!(
+        size < 1 << 24,
+        "NVML keeps a struct's size in the low 24 bits"
+    );
+    #[allow(
+        clippy::cast_possible_truncation,
+        reason = "below 2^24, asserted just above (`u32::try_from` is not const)"
+    )]
+    let size = size as u32;
+    size | (v << 24)
 }
 
 impl NvmlBackend {

@@ -7,7 +7,7 @@ use super::fuse::{FIELD_COST, PROP_COST};
 use super::lib::stdlib::{display, index, opt_select, select};
 use super::lib::{self, regex};
 use super::node::{Comp, DeviceProp, FieldMode, Node};
-use super::value::{EvalResult, MapVal, Value, b, no_overload};
+use super::value::{EvalResult, MapVal, Value, b, int_len, no_overload};
 use std::sync::Arc;
 
 pub const COST_LIMIT: u64 = 1_000_000;
@@ -287,7 +287,7 @@ impl Ctx<'_> {
                 .enumerate()
                 .map(|(i, v)| {
                     if c.var2.is_some() {
-                        (Value::Int(i as i64), v.clone())
+                        (Value::Int(int_len(i)), v.clone())
                     } else {
                         (v.clone(), Value::Null)
                     }

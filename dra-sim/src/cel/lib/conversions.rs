@@ -2,7 +2,9 @@
 use super::overload::{Resolved, Sig};
 use crate::cel::func::Func;
 use crate::cel::types::Ty;
-use crate::cel::value::{BYTES_NOT_UTF8, EvalResult, Value, b, no_overload};
+use crate::cel::value::{
+    BYTES_NOT_UTF8, EvalResult, Value, b, double_to_int, double_to_uint, no_overload,
+};
 
 /// The names this library declares (a call with other arguments finds no overload).
 pub(super) const NAMES: &[&str] = &["int", "uint", "double", "string", "bool", "type", "dyn"];
@@ -41,13 +43,9 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
             Uint(x) => i64::try_from(*x)
                 .map(Int)
                 .map_err(|_| "range error converting uint to int".into()),
-            Double(x) => {
-                if x.is_nan() || *x <= -9.223372036854776e18 || *x >= 9.223372036854776e18 {
-                    Err("range error converting double to int".into())
-                } else {
-                    Ok(Int(x.trunc() as i64))
-                }
-            }
+            Double(x) => double_to_int(*x)
+                .map(Int)
+                .ok_or_else(|| "range error converting double to int".into()),
             Str(s) => s
                 .parse::<i64>()
                 .map(Int)
@@ -59,13 +57,9 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
             Int(x) => u64::try_from(*x)
                 .map(Uint)
                 .map_err(|_| "range error converting int to uint".into()),
-            Double(x) => {
-                if x.is_nan() || *x < 0.0 || *x >= 1.8446744073709552e19 {
-                    Err("range error converting double to uint".into())
-                } else {
-                    Ok(Uint(x.trunc() as u64))
-                }
-            }
+            Double(x) => double_to_uint(*x)
+                .map(Uint)
+                .ok_or_else(|| "range error converting double to uint".into()),
             Str(s) => s
                 .parse::<u64>()
                 .map(Uint)

@@ -368,9 +368,9 @@ pub fn go_g(x: f64) -> String {
         let esign = if exp < 0 { '-' } else { '+' };
         format!("{d0}{dot}{rest}e{esign}{:02}", exp.unsigned_abs())
     } else if exp < 0 {
-        format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        format!("0.{}{digits}", "0".repeat(exp.unsigned_abs() as usize - 1))
     } else {
-        let dp = exp as usize + 1;
+        let dp = exp.unsigned_abs() as usize + 1;
         if digits.len() <= dp {
             format!("{digits}{}", "0".repeat(dp - digits.len()))
         } else {

@@ -5,7 +5,7 @@ use super::overload::{Resolved, Sig};
 use super::price::{list_alloc, size, traversal};
 use crate::cel::func::Func;
 use crate::cel::types::Ty;
-use crate::cel::value::{EvalResult, NO_OVERLOAD, Value, b, equals, no_overload};
+use crate::cel::value::{EvalResult, NO_OVERLOAD, Value, b, equals, int_len, no_overload};
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -129,7 +129,7 @@ fn index_of(f: Func, a: &[Value]) -> EvalResult {
             };
             Ok(Int(it
                 .find(|(_, x)| equals(x, &a[1]).unwrap_or(false))
-                .map(|(i, _)| i as i64)
+                .map(|(i, _)| int_len(i))
                 .unwrap_or(-1)))
         }
         _ => no_overload(),
@@ -200,7 +200,6 @@ fn slice(a: &[Value]) -> EvalResult {
     let (List(l), Int(s), Int(e)) = (&a[0], &a[1], &a[2]) else {
         return no_overload();
     };
-    let n = l.len() as i64;
     if *s < 0 || *e < 0 {
         return Err("cannot slice(start, end), negative indexes not supported".to_string());
     }
@@ -209,10 +208,14 @@ fn slice(a: &[Value]) -> EvalResult {
             "cannot slice({s}, {e}), start index must be less than or equal to end index"
         ));
     }
-    if *e > n {
-        return Err(format!("cannot slice({s}, {e}), list is length {n}"));
+    // both are non-negative here
+    match (usize::try_from(*s), usize::try_from(*e)) {
+        (Ok(s), Ok(e)) if e <= l.len() => Ok(List(Arc::new(l[s..e].to_vec()))),
+        _ => Err(format!(
+            "cannot slice({s}, {e}), list is length {}",
+            l.len()
+        )),
     }
-    Ok(List(Arc::new(l[*s as usize..*e as usize].to_vec())))
 }
 
 /// `Flatten`.

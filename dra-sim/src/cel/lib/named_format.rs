@@ -21,7 +21,7 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
             ok!(F::FormatValidate, Ty::opt(Ty::list(Str)))
         }
         (_, false, 0) if let Some(i) = named_format::function_index(name) => {
-            ok!(F::FormatOf(i as u8), Format)
+            ok!(F::FormatOf(i), Format)
         }
         _ => None,
     }

@@ -51,6 +51,11 @@ pub(super) fn match_cost(chars: u64, regex: u64) -> u64 {
 }
 
 /// An ext.Lists allocating call: 1 for the call, 10 for the list, `factor` per unit of `n`.
+#[allow(
+    clippy::cast_possible_truncation,
+    clippy::cast_sign_loss,
+    reason = "factor is never negative: the integer part, as Go's uint64(float64) takes it"
+)]
 pub(super) fn list_alloc(factor: f64, n: u64) -> u64 {
     11 + (n as f64 * factor) as u64
 }

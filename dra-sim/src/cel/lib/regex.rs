@@ -46,8 +46,9 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
                 Func::Matches => b(re.is_match(s)),
                 Func::Find => Ok(Value::str(re.find(s).map(|m| m.as_str()).unwrap_or(""))),
                 _ => {
+                    // a negative limit is no limit
                     let limit = match a.get(2) {
-                        Some(Int(n)) if *n >= 0 => *n as usize,
+                        Some(Int(n)) => usize::try_from(*n).unwrap_or(usize::MAX),
                         _ => usize::MAX,
                     };
                     Ok(List(Arc::new(

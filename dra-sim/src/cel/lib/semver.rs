@@ -76,7 +76,8 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
                 Func::Minor => v.minor,
                 _ => v.patch,
             };
-            Ok(Int(x as i64))
+            // Go's `types.Int(v.Major)`: a component above 2^63 - 1 wraps negative
+            Ok(Int(x.cast_signed()))
         }
         Func::IsGreaterThan | Func::IsLessThan | Func::CompareTo => {
             let (Semver(x), Semver(y)) = (&a[0], &a[1]) else {

@@ -5,7 +5,9 @@ use super::overload::{Resolved, Sig};
 use super::price::{size, tenths};
 use crate::cel::func::Func;
 use crate::cel::types::Ty;
-use crate::cel::value::{EvalResult, MapVal, Value, b, equals, no_overload, num_cmp};
+use crate::cel::value::{
+    EvalResult, MapVal, Value, b, double_to_int_lossless, equals, int_len, no_overload, num_cmp,
+};
 use std::cmp::Ordering;
 use std::sync::Arc;
 
@@ -221,10 +223,10 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
         },
         Func::NotStrictlyFalse => unreachable_ok(),
         Func::Size => match &a[0] {
-            Str(s) => Ok(Int(s.chars().count() as i64)),
-            Bytes(x) => Ok(Int(x.len() as i64)),
-            List(l) => Ok(Int(l.len() as i64)),
-            Map(m) => Ok(Int(m.entries.len() as i64)),
+            Str(s) => Ok(Int(int_len(s.chars().count()))),
+            Bytes(x) => Ok(Int(int_len(x.len()))),
+            List(l) => Ok(Int(int_len(l.len()))),
+            Map(m) => Ok(Int(int_len(m.entries.len()))),
             _ => no_overload(),
         },
         Func::Contains | Func::StartsWith | Func::EndsWith => match (&a[0], &a[1]) {
@@ -410,9 +412,10 @@ pub(super) fn map_lookup(m: &MapVal, key: &Value) -> Option<Value> {
         return Some(v.clone());
     }
     if let Value::Double(d) = key {
-        // numeric keys compare across types
+        // numeric keys compare across types; like cel-go, only a double that is exactly an int
+        // looks for that int
         if d.fract() == 0.0 {
-            return m.get(&Value::Int(*d as i64)).cloned();
+            return double_to_int_lossless(*d).and_then(|i| m.get(&Value::Int(i)).cloned());
         }
     }
     if m.default_empty {
@@ -467,17 +470,20 @@ pub(crate) fn opt_select(v: &Value, field: &Value) -> EvalResult {
 pub(crate) fn index(c: &Value, k: &Value) -> EvalResult {
     match c {
         Value::List(l) => {
+            // cel-go's `IndexOrError`: a uint or double index must be exactly an int
             let i = match k {
-                Value::Int(i) => *i,
-                Value::Uint(u) => *u as i64,
-                Value::Double(d) if d.fract() == 0.0 => *d as i64,
-                Value::Double(_) => return Err(format!("unsupported index value {}", display(k))),
+                Value::Int(i) => Some(*i),
+                Value::Uint(u) => i64::try_from(*u).ok(),
+                Value::Double(d) => double_to_int_lossless(*d),
                 _ => return no_overload(),
             };
-            if i < 0 || i as usize >= l.len() {
-                return Err(format!("index out of bounds: {i}"));
+            let Some(i) = i else {
+                return Err(format!("unsupported index value {}", display(k)));
+            };
+            match usize::try_from(i).ok().and_then(|u| l.get(u)) {
+                Some(v) => Ok(v.clone()),
+                None => Err(format!("index out of bounds: {i}")),
             }
-            Ok(l[i as usize].clone())
         }
         Value::Map(m) => {
             check_key(k)?;
@@ -497,11 +503,12 @@ fn opt_index(c: &Value, k: &Value) -> EvalResult {
             let Value::Int(i) = k else {
                 return no_overload();
             };
-            Ok(Value::Optional(if *i >= 0 && (*i as usize) < l.len() {
-                Some(Arc::new(l[*i as usize].clone()))
-            } else {
-                None
-            }))
+            Ok(Value::Optional(
+                usize::try_from(*i)
+                    .ok()
+                    .and_then(|i| l.get(i))
+                    .map(|v| Arc::new(v.clone())),
+            ))
         }
         Value::Map(m) => Ok(Value::Optional(map_lookup(m, k).map(Arc::new))),
         _ => no_overload(),

@@ -6,7 +6,7 @@ use super::price::{k8s_size, size, tenths, traversal};
 use crate::cel::func::Func;
 use crate::cel::quote::go_escape;
 use crate::cel::types::Ty;
-use crate::cel::value::{EvalResult, Value, no_overload};
+use crate::cel::value::{EvalResult, Value, int_len, no_overload};
 use std::sync::Arc;
 
 /// The names this library declares (a call with other arguments finds no overload).
@@ -106,16 +106,18 @@ fn char_at(a: &[Value]) -> EvalResult {
     let (Str(s), Int(i)) = (&a[0], &a[1]) else {
         return no_overload();
     };
-    let n = s.chars().count() as i64;
-    if *i < 0 || *i > n {
-        return Err(format!("index out of range: {i}"));
-    }
+    let i = position(*i, s.chars().count())?;
     Ok(Value::str(
-        &s.chars()
-            .nth(*i as usize)
-            .map(|c| c.to_string())
-            .unwrap_or_default(),
+        &s.chars().nth(i).map(|c| c.to_string()).unwrap_or_default(),
     ))
+}
+
+/// `i` as a position in a string of `len` characters (`len` itself included), or cel-go's error.
+fn position(i: i64, len: usize) -> Result<usize, String> {
+    usize::try_from(i)
+        .ok()
+        .filter(|&p| p <= len)
+        .ok_or_else(|| format!("index out of range: {i}"))
 }
 
 /// `IndexOf`, `LastIndexOf`.
@@ -130,19 +132,16 @@ fn index_of(f: Func, a: &[Value]) -> EvalResult {
             let subc: Vec<char> = sub.chars().collect();
             let last = f == Func::LastIndexOf;
             let start = match a.get(2) {
-                Some(Int(i)) => {
-                    if *i < 0 || *i as usize > chars.len() {
-                        return Err(format!("index out of range: {i}"));
-                    }
-                    Some(*i as usize)
-                }
+                Some(Int(i)) => Some(position(*i, chars.len())?),
                 Some(_) => return no_overload(),
                 None => None,
             };
             if subc.is_empty() {
-                return Ok(Int(
-                    start.unwrap_or(if last { chars.len() } else { 0 }) as i64
-                ));
+                return Ok(Int(int_len(start.unwrap_or(if last {
+                    chars.len()
+                } else {
+                    0
+                }))));
             }
             if subc.len() > chars.len() {
                 return Ok(Int(-1));
@@ -156,7 +155,7 @@ fn index_of(f: Func, a: &[Value]) -> EvalResult {
                     .rev()
                     .find(|&i| chars[i..i + subc.len()] == subc[..])
             };
-            Ok(Int(found.map(|i| i as i64).unwrap_or(-1)))
+            Ok(Int(found.map(int_len).unwrap_or(-1)))
         }
         _ => no_overload(),
     }
@@ -172,10 +171,10 @@ fn replace(a: &[Value]) -> EvalResult {
         Some(Int(n)) => *n,
         _ => -1,
     };
-    Ok(Value::str(&if n < 0 {
-        s.replace(from.as_ref(), to)
-    } else {
-        s.replacen(from.as_ref(), to, n as usize)
+    // a negative count replaces every match
+    Ok(Value::str(&match usize::try_from(n) {
+        Ok(n) => s.replacen(from.as_ref(), to, n),
+        Err(_) => s.replace(from.as_ref(), to),
     }))
 }
 
@@ -192,19 +191,23 @@ fn split(a: &[Value]) -> EvalResult {
     if n == 0 {
         return Ok(List(Arc::new(vec![])));
     }
+    // at most `limit` parts (at least one here); a negative count has no limit
+    let limit = usize::try_from(n).ok();
     let parts: Vec<Value> = if sep.is_empty() {
         let cs: Vec<String> = s.chars().map(|c| c.to_string()).collect();
-        if n > 0 && (n as usize) < cs.len() {
-            let mut v: Vec<Value> = cs[..n as usize - 1].iter().map(|c| Value::str(c)).collect();
-            v.push(Value::str(&cs[n as usize - 1..].concat()));
-            v
-        } else {
-            cs.iter().map(|c| Value::str(c)).collect()
+        match limit {
+            Some(n) if n < cs.len() => {
+                let mut v: Vec<Value> = cs[..n - 1].iter().map(|c| Value::str(c)).collect();
+                v.push(Value::str(&cs[n - 1..].concat()));
+                v
+            }
+            _ => cs.iter().map(|c| Value::str(c)).collect(),
         }
-    } else if n < 0 {
-        s.split(sep.as_ref()).map(Value::str).collect()
     } else {
-        s.splitn(n as usize, sep.as_ref()).map(Value::str).collect()
+        match limit {
+            Some(n) => s.splitn(n, sep.as_ref()).map(Value::str).collect(),
+            None => s.split(sep.as_ref()).map(Value::str).collect(),
+        }
     };
     Ok(List(Arc::new(parts)))
 }
@@ -216,23 +219,15 @@ fn substring(a: &[Value]) -> EvalResult {
         return no_overload();
     };
     let chars: Vec<char> = s.chars().collect();
-    let n = chars.len() as i64;
+    let i = position(*i, chars.len())?;
     let j = match a.get(2) {
-        Some(Int(j)) => *j,
-        _ => n,
+        Some(Int(j)) => position(*j, chars.len())?,
+        _ => chars.len(),
     };
-    if *i < 0 || *i > n {
-        return Err(format!("index out of range: {i}"));
-    }
-    if j < 0 || j > n {
-        return Err(format!("index out of range: {j}"));
-    }
-    if *i > j {
+    if i > j {
         return Err(format!("invalid substring range. start: {i}, end: {j}"));
     }
-    Ok(Value::str(
-        &chars[*i as usize..j as usize].iter().collect::<String>(),
-    ))
+    Ok(Value::str(&chars[i..j].iter().collect::<String>()))
 }
 
 /// `Join`.

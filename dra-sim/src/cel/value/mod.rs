@@ -63,6 +63,50 @@ pub fn no_overload<T>() -> Result<T, String> {
     Err(NO_OVERLOAD.to_string())
 }
 
+/// A length or a position as a CEL `int`. Rust keeps every length within `isize::MAX`, so this
+/// never saturates.
+pub fn int_len(n: usize) -> i64 {
+    i64::try_from(n).unwrap_or(i64::MAX)
+}
+
+/// cel-go's `doubleToInt64Checked`: the double truncated toward zero, when it lies strictly
+/// between -2^63 and 2^63 (so never NaN or infinite).
+pub fn double_to_int(d: f64) -> Option<i64> {
+    const TWO_63: f64 = 9_223_372_036_854_775_808.0;
+    if -TWO_63 < d && d < TWO_63 {
+        #[allow(
+            clippy::cast_possible_truncation,
+            reason = "in range, checked just above; `as` truncates toward zero like Go's int64()"
+        )]
+        let i = d as i64;
+        Some(i)
+    } else {
+        None
+    }
+}
+
+/// cel-go's `doubleToUint64Checked`: the double truncated toward zero, when it lies in
+/// [0, 2^64) (so never NaN or infinite).
+pub fn double_to_uint(d: f64) -> Option<u64> {
+    const TWO_64: f64 = 18_446_744_073_709_551_616.0;
+    if (0.0..TWO_64).contains(&d) {
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            reason = "in range, checked just above; `as` truncates toward zero like Go's uint64()"
+        )]
+        let u = d as u64;
+        Some(u)
+    } else {
+        None
+    }
+}
+
+/// cel-go's `doubleToInt64Lossless`: the int a double equals exactly, if there is one.
+pub fn double_to_int_lossless(d: f64) -> Option<i64> {
+    double_to_int(d).filter(|_| d.fract() == 0.0)
+}
+
 /// A boolean result.
 pub fn b(v: bool) -> EvalResult {
     Ok(Value::Bool(v))
@@ -158,20 +202,15 @@ pub fn num_cmp(a: &Value, b: &Value) -> Option<Ordering> {
         (Int(x), Int(y)) => x.cmp(y),
         (Uint(x), Uint(y)) => x.cmp(y),
         (Double(x), Double(y)) => x.partial_cmp(y)?,
-        (Int(x), Uint(y)) => {
-            if *x < 0 {
-                Ordering::Less
-            } else {
-                (*x as u64).cmp(y)
-            }
-        }
-        (Uint(x), Int(y)) => {
-            if *y < 0 {
-                Ordering::Greater
-            } else {
-                x.cmp(&(*y as u64))
-            }
-        }
+        // a negative int is below every uint
+        (Int(x), Uint(y)) => match u64::try_from(*x) {
+            Ok(x) => x.cmp(y),
+            Err(_) => Ordering::Less,
+        },
+        (Uint(x), Int(y)) => match u64::try_from(*y) {
+            Ok(y) => x.cmp(&y),
+            Err(_) => Ordering::Greater,
+        },
         (Int(x), Double(y)) => cmp_i_d(*x as f64, *y)?,
         (Double(x), Int(y)) => cmp_i_d(*x, *y as f64)?,
         (Uint(x), Double(y)) => cmp_i_d(*x as f64, *y)?,

@@ -131,10 +131,11 @@ pub fn lookup(key: &str) -> Option<&'static NamedFormat> {
 }
 
 /// Where in [`FORMATS`] the format behind the function `format.<key>` is (the checker sees a
-/// call's full name).
-pub fn function_index(name: &str) -> Option<usize> {
+/// call's full name); small, so a `Func` carries it in a byte.
+pub fn function_index(name: &str) -> Option<u8> {
     let key = name.strip_prefix("format.")?;
-    FORMATS.iter().position(|f| f.key == key)
+    let i = FORMATS.iter().position(|f| f.key == key)?;
+    u8::try_from(i).ok()
 }
 
 const DNS1123_LABEL_FMT: &str = "[a-z0-9]([-a-z0-9]*[a-z0-9])?";

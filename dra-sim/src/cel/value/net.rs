@@ -48,7 +48,7 @@ pub(crate) fn parse_netip(s: &str) -> Result<(Addr, bool), String> {
 fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
     let b = s.as_bytes();
     let mut out = [0u8; 4];
-    let (mut val, mut pos, mut digits) = (0u32, 0usize, 0usize);
+    let (mut val, mut pos, mut digits) = (0u8, 0usize, 0usize);
     for (i, &c) in b.iter().enumerate() {
         match c {
             b'0'..=b'9' => {
@@ -59,11 +59,11 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
                         None,
                     ));
                 }
-                val = val * 10 + u32::from(c - b'0');
-                digits += 1;
-                if val > 255 {
+                let Ok(v) = u8::try_from(u32::from(val) * 10 + u32::from(c - b'0')) else {
                     return Err(addr_err(input, "IPv4 field has value >255", None));
-                }
+                };
+                val = v;
+                digits += 1;
             }
             b'.' => {
                 if i == 0 || i == b.len() - 1 || b[i - 1] == b'.' {
@@ -76,7 +76,7 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
                 if pos == 3 {
                     return Err(addr_err(input, "IPv4 address too long", None));
                 }
-                out[pos] = val as u8;
+                out[pos] = val;
                 pos += 1;
                 val = 0;
                 digits = 0;
@@ -87,7 +87,7 @@ fn parse_v4(input: &str, s: &str) -> Result<[u8; 4], String> {
     if pos < 3 {
         return Err(addr_err(input, "IPv4 address too short", None));
     }
-    out[3] = val as u8;
+    out[3] = val;
     Ok(out)
 }
 
@@ -127,8 +127,7 @@ fn parse_v6(input: &str, s: &str) -> Result<Addr, String> {
             i += 4;
             break;
         }
-        ip[i] = (acc >> 8) as u8;
-        ip[i + 1] = acc as u8;
+        ip[i..i + 2].copy_from_slice(&acc.to_be_bytes());
         i += 2;
         s = &s[off..];
         if s.is_empty() {
@@ -164,12 +163,15 @@ fn parse_v6(input: &str, s: &str) -> Result<Addr, String> {
 }
 
 /// One hex group at the start of `s`: its value and how many digits it took.
-fn hex_group(input: &str, s: &str) -> Result<(u32, usize), String> {
+fn hex_group(input: &str, s: &str) -> Result<(u16, usize), String> {
     let b = s.as_bytes();
     let mut off = 0;
-    let mut acc = 0u32;
+    let mut acc = 0u16;
     while off < b.len() {
-        let Some(d) = (b[off] as char).to_digit(16) else {
+        let Some(d) = char::from(b[off])
+            .to_digit(16)
+            .and_then(|d| u16::try_from(d).ok())
+        else {
             break;
         };
         if off > 3 {
@@ -179,6 +181,7 @@ fn hex_group(input: &str, s: &str) -> Result<(u32, usize), String> {
                 Some(s),
             ));
         }
+        // at most four digits (checked just above), so nothing is shifted out
         acc = (acc << 4) | d;
         off += 1;
     }
@@ -312,8 +315,10 @@ impl Addr {
             Addr::V6(b) => &mut b[..],
         };
         for (i, x) in b.iter_mut().enumerate() {
-            let keep = (bits as usize).saturating_sub(i * 8).min(8);
-            *x &= (0xff00u16 >> keep) as u8;
+            let keep = usize::from(bits).saturating_sub(i * 8).min(8);
+            // the low byte of 0xff00 shifted right by `keep`: the top `keep` bits set
+            let [_, mask] = (0xff00u16 >> keep).to_be_bytes();
+            *x &= mask;
         }
         out
     }
@@ -386,18 +391,16 @@ impl Prefix {
         }
         let n: u32 = bits.parse().map_err(|_| bad())?;
         let max = if addr.family() == 4 { 32 } else { 128 };
-        if n > max {
-            return Err(wrap("prefix length out of range".into()));
-        }
+        let n = match u8::try_from(n) {
+            Ok(n) if n <= max => n,
+            _ => return Err(wrap("prefix length out of range".into())),
+        };
         if addr.is_4in6() {
             return Err(format!(
                 "network address parse error during conversion from string: IPv4-mapped IPv6 address {s:?} is not allowed"
             ));
         }
-        Ok(Prefix {
-            addr,
-            bits: n as u8,
-        })
+        Ok(Prefix { addr, bits: n })
     }
 
     pub fn masked(&self) -> Prefix {

@@ -6,6 +6,7 @@
 //! Parsing follows `resource.ParseQuantity`: sign, digits with at most one `.`, then one suffix
 //! (`n u m "" k M G T P E`, `Ki Mi Gi Ti Pi Ei`, or `e<exp>`/`E<exp>`); precision finer than nano
 //! is rounded up (away from zero) to nano.
+//! Not `gpu_dra_api::quantity`: that yields whole numbers only, without formats or Go's errors.
 use std::cmp::Ordering;
 use std::fmt;
 
@@ -60,7 +61,7 @@ impl Quantity {
     }
 
     pub fn from_i64(v: i64) -> Self {
-        Quantity::new(v as i128, 0).norm()
+        Quantity::new(i128::from(v), 0).norm()
     }
 
     pub fn format(&self) -> Format {
@@ -124,10 +125,10 @@ impl Quantity {
         for (n, c) in digits.bytes().enumerate() {
             if n >= 36 {
                 // too many significant digits for i128: drop the rest (rounding up below nano)
-                exp += (digits.len() - n) as i32;
+                exp = exp.saturating_add(i32::try_from(digits.len() - n).unwrap_or(i32::MAX));
                 break;
             }
-            mant = mant * 10 + (c - b'0') as i128;
+            mant = mant * 10 + i128::from(c - b'0');
         }
         if neg {
             mant = -mant;
@@ -158,7 +159,7 @@ impl Quantity {
         if self.exp >= -9 {
             return self;
         }
-        let shift = (-9 - self.exp) as u32;
+        let shift = (-9 - self.exp).unsigned_abs();
         if shift > 38 {
             return Quantity::new(self.mant.signum(), -9)
                 .norm()
@@ -180,7 +181,7 @@ impl Quantity {
     }
 
     pub fn sign(&self) -> i64 {
-        self.mant.signum() as i64
+        i64::from(self.mant > 0) - i64::from(self.mant < 0)
     }
 
     pub fn cmp_q(&self, o: &Quantity) -> Ordering {
@@ -191,8 +192,8 @@ impl Quantity {
             Some((a, b)) => a.cmp(&b),
             None => {
                 // magnitudes differ by many orders: compare by decimal length
-                let la = digits_len(self.mant) as i64 + self.exp as i64;
-                let lb = digits_len(o.mant) as i64 + o.exp as i64;
+                let la = i64::from(digits_len(self.mant)) + i64::from(self.exp);
+                let lb = i64::from(digits_len(o.mant)) + i64::from(o.exp);
                 let c = la.cmp(&lb);
                 if self.mant < 0 { c.reverse() } else { c }
             }
@@ -282,10 +283,8 @@ fn digits_len(m: i128) -> u32 {
 }
 
 fn pow10(e: i32) -> Option<i128> {
-    if !(0..=38).contains(&e) {
-        return None;
-    }
-    10i128.checked_pow(e as u32)
+    let e = u32::try_from(e).ok().filter(|e| *e <= 38)?;
+    10i128.checked_pow(e)
 }
 
 impl fmt::Display for Quantity {
@@ -300,7 +299,7 @@ impl fmt::Display for Quantity {
         } else {
             let neg = self.mant < 0;
             let s = self.mant.unsigned_abs().to_string();
-            let fl = (-self.exp) as usize;
+            let fl = self.exp.unsigned_abs() as usize;
             let (ip, fp) = if s.len() > fl {
                 (s[..s.len() - fl].to_string(), s[s.len() - fl..].to_string())
             } else {

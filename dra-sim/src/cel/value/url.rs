@@ -65,7 +65,9 @@ fn should_escape(c: u8, mode: Mode) -> bool {
 }
 
 fn hex(c: u8) -> Option<u8> {
-    (c as char).to_digit(16).map(|d| d as u8)
+    char::from(c)
+        .to_digit(16)
+        .and_then(|d| u8::try_from(d).ok())
 }
 
 /// Go's `unescape`: `%XX` must be well formed; hosts refuse escaped control bytes and most
