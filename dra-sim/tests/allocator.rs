@@ -3,6 +3,9 @@
 //! table: each case names the upstream scenario it follows, builds the objects with small helpers
 //! and states the expected outcome — the devices per claim in result order, "unsatisfiable", or an
 //! error containing a given text.
+//!
+//! One file over 600 lines on purpose: it is one table of cases, read top to bottom against the
+//! upstream table it follows.
 use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use serde_json::{Value as J, json};

@@ -27,6 +27,9 @@
 //! CEL evaluations (runtime `no overload` details differ in wording; compile errors carry no
 //! source snippet).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
+//!
+//! One file over 600 lines on purpose: the case grammar and the comparison with the oracle
+//! belong together, and a second file would be a second test binary building the oracle again.
 use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use dra_sim::cel;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};

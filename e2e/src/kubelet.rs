@@ -3,6 +3,9 @@
 //! Discovers the plugin through its registration socket, watches pods bound to the node, prepares
 //! their claims once they are reserved for the pod, checks the returned CDI IDs against the spec files
 //! on disk, marks pods Running; on deletion unprepares and then force-deletes the pod.
+//!
+//! One file over 600 lines on purpose: the harness is one state machine (pod watch, prepare,
+//! run, unprepare) whose parts share its state; only the test double's scenario uses it.
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};

@@ -9,6 +9,9 @@
 //!
 //! `cargo test -p e2e --test controller -- --test-threads=1` against a cluster from `e2e/run.sh --up`
 //! (with `E2E_KUBECONFIG` and `E2E_WORKDIR` set); without `E2E_KUBECONFIG` every scenario prints SKIP.
+//!
+//! One file over 600 lines on purpose: each file under e2e/tests is its own test binary linked
+//! with kube and k8s-openapi, so scenarios of one kind share a file rather than a binary each.
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 

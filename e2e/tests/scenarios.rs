@@ -2,6 +2,9 @@
 //!
 //! Each scenario skips (and says so) when `E2E_KUBECONFIG` is not set. Run one with
 //! `bash e2e/run.sh s3` (a substring of the test name).
+//!
+//! One file over 600 lines on purpose: each file under e2e/tests is its own test binary linked
+//! with kube and k8s-openapi, so scenarios of one kind share a file rather than a binary each.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
