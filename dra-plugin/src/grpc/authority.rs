@@ -11,6 +11,7 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use bytes::{Buf, BytesMut};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 /// HTTP/2 settings the adapter must agree on with the h2 server behind it (grpc/server.rs sets
@@ -31,6 +32,7 @@ const END_STREAM: u8 = 0x1;
 const END_HEADERS: u8 = 0x4;
 const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
+/// Room made in the input buffer before each socket read.
 const READ_CHUNK: usize = 8 * 1024;
 
 /// The client-to-server byte stream of one HTTP/2 connection, with request header blocks
@@ -38,7 +40,7 @@ const READ_CHUNK: usize = 8 * 1024;
 pub struct AuthorityFix<S> {
     inner: S,
     /// Bytes read from the socket and not yet looked at.
-    input: Vec<u8>,
+    input: BytesMut,
     /// Bytes ready for h2.
     output: Vec<u8>,
     /// Where in `output` h2 has read up to.
@@ -61,11 +63,16 @@ enum State {
     Raw,
 }
 
-/// A header block whose CONTINUATION frames have not all arrived.
-struct PendingBlock {
+/// What the block's first frame says about its stream.
+struct BlockInfo {
     stream_id: u32,
     end_stream: bool,
     priority: Option<[u8; 5]>,
+}
+
+/// A header block whose CONTINUATION frames have not all arrived.
+struct PendingBlock {
+    info: BlockInfo,
     fragment: Vec<u8>,
     /// The frames as they came, for h2 if the block turns out not to be parseable.
     raw: Vec<u8>,
@@ -78,7 +85,7 @@ impl<S> AuthorityFix<S> {
         decoder.set_max_allowed_table_size(HEADER_TABLE_SIZE);
         Self {
             inner,
-            input: Vec::new(),
+            input: BytesMut::new(),
             output: Vec::new(),
             output_read: 0,
             state: State::Preface(PREFACE_LEN),
@@ -90,17 +97,18 @@ impl<S> AuthorityFix<S> {
 
     /// Moves what `input` holds to `output`, frame by frame, as far as it is complete.
     fn process(&mut self) {
+        let input = std::mem::take(&mut self.input);
         let mut at = 0;
-        while at < self.input.len() {
-            let available = self.input.len() - at;
+        while at < input.len() {
+            let available = input.len() - at;
             match self.state {
                 State::Raw => {
-                    self.output.extend_from_slice(&self.input[at..]);
-                    at = self.input.len();
+                    self.output.extend_from_slice(&input[at..]);
+                    at = input.len();
                 }
                 State::Preface(left) | State::Payload(left) => {
                     let n = left.min(available);
-                    self.output.extend_from_slice(&self.input[at..at + n]);
+                    self.output.extend_from_slice(&input[at..at + n]);
                     at += n;
                     self.state = match (self.state, left - n) {
                         (_, 0) => State::FrameHeader,
@@ -112,11 +120,11 @@ impl<S> AuthorityFix<S> {
                     if available < FRAME_HEADER_LEN {
                         break;
                     }
-                    let header = FrameHeader::parse(&self.input[at..at + FRAME_HEADER_LEN]);
+                    let header = FrameHeader::parse(&input[at..at + FRAME_HEADER_LEN]);
                     let is_block = header.kind == HEADERS || header.kind == CONTINUATION;
                     if !is_block && self.block.is_none() {
                         self.output
-                            .extend_from_slice(&self.input[at..at + FRAME_HEADER_LEN]);
+                            .extend_from_slice(&input[at..at + FRAME_HEADER_LEN]);
                         at += FRAME_HEADER_LEN;
                         self.state = State::Payload(header.len);
                         continue;
@@ -129,13 +137,13 @@ impl<S> AuthorityFix<S> {
                     if available < frame_len {
                         break;
                     }
-                    let frame = self.input[at..at + frame_len].to_vec();
+                    self.header_frame(header, &input[at..at + frame_len]);
                     at += frame_len;
-                    self.header_frame(header, &frame);
                 }
             }
         }
-        self.input.drain(..at);
+        self.input = input;
+        self.input.advance(at);
     }
 
     /// Takes one HEADERS or CONTINUATION frame (whole, header included).
@@ -145,10 +153,17 @@ impl<S> AuthorityFix<S> {
             // A HEADERS frame in the middle of another block is h2's to refuse.
             match (self.block.is_none(), parse_headers_payload(header, payload)) {
                 (true, Some((priority, fragment))) => {
-                    self.block = Some(PendingBlock {
+                    let info = BlockInfo {
                         stream_id: header.stream_id,
                         end_stream: header.flags & END_STREAM != 0,
                         priority,
+                    };
+                    // The usual case, a block in one frame, needs no copy of it.
+                    if header.flags & END_HEADERS != 0 {
+                        return self.finish_block(&info, fragment, frame);
+                    }
+                    self.block = Some(PendingBlock {
+                        info,
                         fragment: fragment.to_vec(),
                         raw: frame.to_vec(),
                         frames: 1,
@@ -159,7 +174,8 @@ impl<S> AuthorityFix<S> {
         } else {
             match self.block.as_mut() {
                 Some(block)
-                    if block.stream_id == header.stream_id && block.frames < MAX_BLOCK_FRAMES =>
+                    if block.info.stream_id == header.stream_id
+                        && block.frames < MAX_BLOCK_FRAMES =>
                 {
                     block.fragment.extend_from_slice(payload);
                     block.raw.extend_from_slice(frame);
@@ -168,53 +184,83 @@ impl<S> AuthorityFix<S> {
                 _ => return self.give_up_with(frame),
             }
         }
-        if header.flags & END_HEADERS != 0 {
-            self.finish_block();
+        if header.flags & END_HEADERS != 0
+            && let Some(block) = self.block.take()
+        {
+            self.finish_block(&block.info, &block.fragment, &block.raw);
         }
     }
 
-    /// The block is complete: decoded, `:authority` mended, re-encoded for h2.
-    fn finish_block(&mut self) {
-        let Some(block) = self.block.take() else {
-            return;
-        };
-        let Some(mut fields) = self.decode(&block.fragment) else {
-            self.output.extend_from_slice(&block.raw);
+    /// The block is complete: decoded, `:authority` mended, re-encoded for h2; `raw` is the
+    /// block's frames as they came, for h2 when it does not decode.
+    fn finish_block(&mut self, info: &BlockInfo, fragment: &[u8], raw: &[u8]) {
+        let Some(mut block) = self.reencode(fragment) else {
+            self.output.extend_from_slice(raw);
             self.state = State::Raw;
             return;
         };
-        if let Some(original) = mend_authority(&mut fields.list)
-            && !self.rewritten
+        if let Some((range, original)) = block.bad_authority.take()
+            && !block.connect
         {
-            tracing::debug!(
-                authority = %String::from_utf8_lossy(&original),
-                "replacing a :authority that is not a URI authority (a client dialing a socket path)"
-            );
-            self.rewritten = true;
+            let mut localhost = Vec::with_capacity(10);
+            put_int(&mut localhost, 0, 7, LOCALHOST.len());
+            localhost.extend_from_slice(LOCALHOST);
+            block.encoded.splice(range, localhost);
+            if !self.rewritten {
+                tracing::debug!(
+                    authority = %String::from_utf8_lossy(&original),
+                    "replacing a :authority that is not a URI authority (a client dialing a socket path)"
+                );
+                self.rewritten = true;
+            }
         }
-        let encoded = encode_block(&fields.list, fields.over_size);
-        write_block_frames(&mut self.output, &block, &encoded);
+        if block.over_size {
+            // A filler field takes the list over the limit for h2 as well.
+            put_literal(
+                &mut block.encoded,
+                b"x-over-size",
+                &vec![b'x'; MAX_HEADER_LIST_SIZE as usize],
+            );
+        }
+        write_block_frames(&mut self.output, info, &block.encoded);
     }
 
-    /// The block's header list, or `None` where h2 would refuse it as undecodable.
-    fn decode(&mut self, fragment: &[u8]) -> Option<DecodedList> {
+    /// The block re-encoded as literals without indexing (so h2's dynamic table stays empty),
+    /// or `None` where h2 would refuse it as undecodable.
+    fn reencode(&mut self, fragment: &[u8]) -> Option<Reencoded> {
         if size_update_after_field(fragment) != Some(false) {
             return None;
         }
-        let mut list = DecodedList::default();
+        let mut block = Reencoded {
+            encoded: Vec::with_capacity(fragment.len() * 2 + 64),
+            ..Reencoded::default()
+        };
         let limit = MAX_HEADER_LIST_SIZE as usize;
         self.decoder
             .decode_with_cb(fragment, |name, value| {
                 // Counted as h2 counts; past the limit h2 keeps decoding but drops the fields.
-                list.size += name.len() + value.len() + 32;
-                if list.size >= limit {
-                    list.over_size = true;
-                } else {
-                    list.list.push((name.into_owned(), value.into_owned()));
+                block.size += name.len() + value.len() + 32;
+                if block.size >= limit {
+                    block.over_size = true;
+                    return;
+                }
+                block.connect |= &*name == b":method" && &*value == b"CONNECT";
+                let out = &mut block.encoded;
+                out.push(0); // literal without indexing, new name
+                put_int(out, 0, 7, name.len());
+                out.extend_from_slice(&name);
+                let value_at = out.len();
+                put_int(out, 0, 7, value.len());
+                out.extend_from_slice(&value);
+                if &*name == b":authority"
+                    && block.bad_authority.is_none()
+                    && http::uri::Authority::try_from(&*value).is_err()
+                {
+                    block.bad_authority = Some((value_at..out.len(), value.into_owned()));
                 }
             })
             .ok()?;
-        Some(list)
+        Some(block)
     }
 
     fn give_up(&mut self) {
@@ -230,11 +276,19 @@ impl<S> AuthorityFix<S> {
     }
 }
 
+/// What `:authority` becomes when it is not a URI authority.
+const LOCALHOST: &[u8] = b"localhost";
+
+/// A decoded header block, re-encoded for h2.
 #[derive(Default)]
-struct DecodedList {
-    list: Vec<(Vec<u8>, Vec<u8>)>,
+struct Reencoded {
+    encoded: Vec<u8>,
     size: usize,
     over_size: bool,
+    connect: bool,
+    /// Where the value of a `:authority` that is not a URI authority sits in `encoded` (length
+    /// prefix included), and the value.
+    bad_authority: Option<(std::ops::Range<usize>, Vec<u8>)>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -274,36 +328,6 @@ fn parse_headers_payload(header: FrameHeader, payload: &[u8]) -> Option<(Option<
         rest = &rest[5..];
     }
     Some((priority, rest))
-}
-
-/// Replaces an invalid `:authority` of a non-CONNECT request with `localhost`; returns the value
-/// it replaced. CONNECT requests keep theirs: h2 refuses an invalid one there.
-fn mend_authority(list: &mut [(Vec<u8>, Vec<u8>)]) -> Option<Vec<u8>> {
-    let connect = list
-        .iter()
-        .any(|(name, value)| name == b":method" && value == b"CONNECT");
-    let (_, value) = list.iter_mut().find(|(name, _)| name == b":authority")?;
-    if connect || http::uri::Authority::try_from(value.as_slice()).is_ok() {
-        return None;
-    }
-    Some(std::mem::replace(value, b"localhost".to_vec()))
-}
-
-/// The list as literals without indexing, so h2's dynamic table stays empty. When the client's
-/// list was over the size limit, a filler field takes it over the limit for h2 as well.
-fn encode_block(list: &[(Vec<u8>, Vec<u8>)], over_size: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(list.iter().map(|(n, v)| n.len() + v.len() + 6).sum());
-    for (name, value) in list {
-        put_literal(&mut out, name, value);
-    }
-    if over_size {
-        put_literal(
-            &mut out,
-            b"x-over-size",
-            &vec![b'x'; MAX_HEADER_LIST_SIZE as usize],
-        );
-    }
-    out
 }
 
 fn put_literal(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
@@ -386,7 +410,7 @@ fn size_update_after_field(block: &[u8]) -> Option<bool> {
 }
 
 /// Writes `encoded` as the HEADERS frame (and CONTINUATION frames) of `block`'s stream.
-fn write_block_frames(out: &mut Vec<u8>, block: &PendingBlock, encoded: &[u8]) {
+fn write_block_frames(out: &mut Vec<u8>, block: &BlockInfo, encoded: &[u8]) {
     let max = MAX_FRAME_SIZE as usize;
     let priority = block.priority.as_ref().map_or(&[][..], |p| &p[..]);
     let first_len = encoded.len().min(max - priority.len());
@@ -443,19 +467,22 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            let mut chunk = [0u8; READ_CHUNK];
-            let mut read = ReadBuf::new(&mut chunk);
-            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
-            if read.filled().is_empty() {
+            this.input.reserve(READ_CHUNK);
+            let read = ready!(tokio_util::io::poll_read_buf(
+                Pin::new(&mut this.inner),
+                cx,
+                &mut this.input
+            ))?;
+            if read == 0 {
                 // End of stream: whatever is left goes to h2 as it came, then the end.
                 this.give_up();
-                this.output.append(&mut this.input);
+                this.output.extend_from_slice(&this.input);
+                this.input.clear();
                 if this.output.is_empty() {
                     return Poll::Ready(Ok(()));
                 }
                 continue;
             }
-            this.input.extend_from_slice(read.filled());
             this.process();
         }
     }
