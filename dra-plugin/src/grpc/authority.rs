@@ -3,10 +3,13 @@
 //! The kubelet's plugin watcher dials the registration socket by its path, so grpc-go sends that
 //! path, percent-encoded, as the HTTP/2 `:authority`. h2 resets such a stream as malformed
 //! (hyperium/h2#442) and has no option to accept it, so [`AuthorityFix`] sits between the socket
-//! and h2: it decodes each request header block, replaces an `:authority` that is not a URI
-//! authority with `localhost` (what grpc-go itself sends for `unix:` targets) and hands h2 the
-//! block re-encoded without the dynamic table. Every other byte passes unchanged; what it cannot
-//! parse goes to h2 as it came, so h2 still refuses everything else it refused before.
+//! and h2. It decodes the connection's first request header block: when its `:authority` is a
+//! URI authority (or absent), the block and everything after it pass to h2 unchanged, at no cost
+//! (grpc-go sends one authority per connection). Otherwise, for the rest of the connection, it
+//! decodes each request header block, replaces an `:authority` that is not a URI authority with
+//! `localhost` (what grpc-go itself sends for `unix:` targets) and hands h2 the block re-encoded
+//! without the dynamic table. Every other byte passes unchanged; what it cannot parse goes to h2
+//! as it came, so h2 still refuses everything else it refused before.
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
@@ -48,7 +51,8 @@ pub struct AuthorityFix<S> {
     state: State,
     block: Option<PendingBlock>,
     decoder: loona_hpack::Decoder<'static>,
-    rewritten: bool,
+    /// Set once the first header block has shown this connection needs its blocks rewritten.
+    rewriting: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -91,7 +95,7 @@ impl<S> AuthorityFix<S> {
             state: State::Preface(PREFACE_LEN),
             block: None,
             decoder,
-            rewritten: false,
+            rewriting: false,
         }
     }
 
@@ -199,20 +203,29 @@ impl<S> AuthorityFix<S> {
             self.state = State::Raw;
             return;
         };
-        if let Some((range, original)) = block.bad_authority.take()
+        // The first block decides: a good authority lets the whole connection through as it is
+        // (h2 then builds the same dynamic table as the client).
+        if !self.rewriting && block.bad_authority.is_none() && !block.over_size {
+            self.output.extend_from_slice(raw);
+            self.state = State::Raw;
+            return;
+        }
+        if !self.rewriting {
+            if let Some((_, original)) = &block.bad_authority {
+                tracing::debug!(
+                    authority = %String::from_utf8_lossy(original),
+                    "rewriting this connection's :authority, not a URI authority (a client dialing a socket path)"
+                );
+            }
+            self.rewriting = true;
+        }
+        if let Some((range, _)) = block.bad_authority.take()
             && !block.connect
         {
             let mut localhost = Vec::with_capacity(10);
             put_int(&mut localhost, 0, 7, LOCALHOST.len());
             localhost.extend_from_slice(LOCALHOST);
             block.encoded.splice(range, localhost);
-            if !self.rewritten {
-                tracing::debug!(
-                    authority = %String::from_utf8_lossy(&original),
-                    "replacing a :authority that is not a URI authority (a client dialing a socket path)"
-                );
-                self.rewritten = true;
-            }
         }
         if block.over_size {
             // A filler field takes the list over the limit for h2 as well.
@@ -466,6 +479,10 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFix<S> {
                     this.output_read = 0;
                 }
                 return Poll::Ready(Ok(()));
+            }
+            if this.state == State::Raw && this.input.is_empty() {
+                // Nothing left to look at: the socket's bytes go straight to h2.
+                return Pin::new(&mut this.inner).poll_read(cx, buf);
             }
             this.input.reserve(READ_CHUNK);
             let read = ready!(tokio_util::io::poll_read_buf(

@@ -285,3 +285,22 @@ fn hpack_integers_round_trip() {
         "too long"
     );
 }
+
+#[tokio::test]
+async fn a_connection_whose_first_authority_is_good_passes_unchanged() {
+    // The DRA socket's case (grpc-go sends `localhost` for `unix:` targets): nothing is
+    // re-encoded, so h2 sees the client's own bytes and dynamic table. A later bad authority on
+    // the same connection is h2's to refuse, as before.
+    let mut encoder = loona_hpack::Encoder::new();
+    let mut input = PREFACE.to_vec();
+    input.extend(frame(0x4, 0, 0, &[]));
+    for (stream, authority) in [(1u32, "localhost"), (3, SOCKET_AUTHORITY)] {
+        let fields = request(authority, "POST");
+        let block = encoder.encode(fields.iter().map(|(n, v)| (&n[..], &v[..])));
+        input.extend(frame(HEADERS, END_HEADERS, stream, &block));
+        input.extend(frame(0x0, END_STREAM, stream, &[0, 0, 0, 0, 0]));
+    }
+    for chunk in [1, 9, 4096] {
+        assert_eq!(through(&input, chunk).await, input, "chunk {chunk}");
+    }
+}
