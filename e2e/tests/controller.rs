@@ -438,10 +438,17 @@ async fn c1_gpucluster_deploys_classes_plugin_vap_and_keeps_conflicting_nodes_of
 
         // DeviceClasses, applied by the controller and so accepted by the API server's validation.
         let classes: Api<DeviceClass> = Api::all(c.clone());
+        // Waits for the controller's own apply: an earlier scenario may have left the same classes
+        // applied by another field manager, which the controller takes over.
         for name in CLASSES {
-            let class = wait_exists(w, &classes, name).await?;
-            let owner = class.owner_references().first().cloned();
-            assert_eq!(owner.map(|o| o.kind), Some("GPUCluster".to_owned()), "{name}");
+            wait_until(&format!("{name} applied by the controller"), WAIT, || async {
+                w.controller_alive()?;
+                let class = classes.get_opt(name).await?;
+                Ok(class.filter(|c| {
+                    c.owner_references().first().map(|o| o.kind.as_str()) == Some("GPUCluster")
+                }))
+            })
+            .await?;
         }
         let migration = classes.get("migration.gpu.nvidia.com").await?;
         assert_eq!(
