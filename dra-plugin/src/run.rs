@@ -40,9 +40,6 @@ use shutdown::{shutdown_signal, wait};
 /// `dra-plugin slices`: what this node would publish.
 pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
     let gates = FeatureGates::parse(&args.device.feature_gates)?;
-    let backend = build_backend(&args.device, None)?;
-    let inv = backend.discover()?;
-    debug!(backend = backend.kind(), node = %args.device.node_name, gpus = inv.gpus.len(), "discovered devices");
     let minor: u32 = args
         .kubernetes_version
         .trim_start_matches('v')
@@ -61,10 +58,19 @@ pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
         dynamic_mig: gates.dynamic_mig(),
         split_counters: minor >= 35,
     };
-    let mut contents = build_pool(&inv, &opts, &TaintMap::new());
-    if gates.enabled("ConsumableShares") {
-        enable_consumable_shares(&mut contents);
-    }
+    let contents = if args.device.driver_name == gpu_dra_api::names::COMPUTE_DOMAIN_DRIVER {
+        // The compute-domain driver publishes its IMEX devices, not the node's GPUs.
+        crate::computedomain::pool_contents()
+    } else {
+        let backend = build_backend(&args.device, None)?;
+        let inv = backend.discover()?;
+        debug!(backend = backend.kind(), node = %args.device.node_name, gpus = inv.gpus.len(), "discovered devices");
+        let mut contents = build_pool(&inv, &opts, &TaintMap::new());
+        if gates.enabled("ConsumableShares") {
+            enable_consumable_shares(&mut contents);
+        }
+        contents
+    };
     let slices = to_resource_slices(contents, &opts, 1, None);
     debug!(
         slices = slices.len(),

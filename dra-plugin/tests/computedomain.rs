@@ -87,3 +87,58 @@ async fn a_channel_claim_is_prepared_under_the_compute_domain_driver() {
     stop.send(true).unwrap();
     task.await.unwrap().unwrap();
 }
+
+/// `slices --driver-name compute-domain.nvidia.com` prints what that driver publishes: channel 0
+/// and daemon 0 (NVIDIA's compute-domain plugin advertises no other channel and no GPU).
+#[test]
+fn slices_of_the_compute_domain_driver_are_its_channel_and_daemon() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_dra-plugin"))
+        .args([
+            "slices",
+            "--backend",
+            "simulated",
+            "--profile",
+            "h100-80gb:8",
+        ])
+        .args([
+            "--node-name",
+            "n1",
+            "--driver-name",
+            "compute-domain.nvidia.com",
+        ])
+        .args(["-o", "json"])
+        .output()
+        .expect("run dra-plugin");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 1, "{list:#}");
+    let spec = &items[0]["spec"];
+    assert_eq!(spec["driver"], "compute-domain.nvidia.com");
+    assert_eq!(spec["nodeName"], "n1");
+    let devices: Vec<(String, String, i64)> = spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| {
+            let a = &d["attributes"];
+            let kind = a["type"]["string"].as_str().unwrap().to_string();
+            (
+                d["name"].as_str().unwrap().to_string(),
+                kind,
+                a["id"]["int"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        devices,
+        [
+            ("channel-0".to_string(), "channel".to_string(), 0),
+            ("daemon-0".to_string(), "daemon".to_string(), 0)
+        ]
+    );
+}
