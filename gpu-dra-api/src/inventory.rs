@@ -26,6 +26,9 @@ pub struct Gpu {
     pub numa_node: Option<i64>,
     pub addressing_mode: Option<String>,
     pub mig: Option<MigInfo>,
+    /// PCI facts for passthrough (`PassthroughSupport`); `None` where the backend has none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci: Option<crate::passthrough::PciFunction>,
 }
 
 /// MIG capability and state of one GPU.

@@ -8,6 +8,7 @@ pub mod config;
 pub mod gates;
 pub mod inventory;
 pub mod names;
+pub mod passthrough;
 pub mod profiles;
 pub mod quantity;
 pub mod simulated;

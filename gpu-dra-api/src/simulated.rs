@@ -163,6 +163,11 @@ fn simulated_gpu(node: &str, index: u32, total: u32, model: &GpuModel) -> Gpu {
             profiles: model.profiles.clone(),
             devices: Vec::new(),
         }),
+        pci: Some(crate::passthrough::simulated_pci(
+            index,
+            model.memory_mib << 20,
+            &model.pci_device_id,
+        )),
     }
 }
 

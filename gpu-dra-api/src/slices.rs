@@ -15,6 +15,9 @@ use crate::names::GPU_DRIVER;
 use crate::profiles::MigProfile;
 use crate::simulated::{GpuGroup, simulate_node};
 
+mod vfio;
+pub use vfio::add_passthrough_devices;
+
 /// API limits on one slice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
 pub const MAX_DEVICES_WITH_COUNTERS_OR_TAINTS: usize = 64;

@@ -455,6 +455,7 @@ impl Session {
             addressing_mode: self.addressing_mode(g),
             product_name: name,
             mig,
+            pci: None,
         })
     }
 }
