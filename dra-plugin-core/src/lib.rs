@@ -15,5 +15,6 @@ pub mod health;
 pub mod sharing;
 pub mod state;
 pub mod types;
+pub mod vfio;
 
 pub use error::Error;
