@@ -24,6 +24,7 @@ use crate::types::{ClaimAllocation, ClaimRef, PreparedDevice};
 mod plan;
 mod recovery;
 mod sharing;
+mod vfio;
 
 use plan::{Planned, Target, static_mig};
 use sharing::time_slices;
@@ -64,11 +65,17 @@ pub enum HardwareChange {
         device: String,
         config: serde_json::Value,
     },
+    /// A GPU bound to vfio-pci for passthrough device `device`; undone by binding it to nvidia.
+    #[serde(rename_all = "camelCase")]
+    Vfio { device: String, pci_bus_id: String },
 }
 
 impl HardwareChange {
     fn is_sharing(&self) -> bool {
-        !matches!(self, HardwareChange::DynamicMig { .. })
+        !matches!(
+            self,
+            HardwareChange::DynamicMig { .. } | HardwareChange::Vfio { .. }
+        )
     }
 }
 
@@ -105,6 +112,9 @@ pub struct DeviceState {
     unrecorded_mps: Mutex<Option<HashSet<String>>>,
     /// The plugin directory, where `sharing.json` goes.
     plugin_dir: PathBuf,
+    /// The PCI bus passthrough devices are bound on; `None` without `PassthroughSupport`.
+    pci_bus: Option<crate::vfio::PciBus>,
+    held_changed: tokio::sync::watch::Sender<u64>,
 }
 
 impl DeviceState {
@@ -141,6 +151,8 @@ impl DeviceState {
             mps_root: plugin_dir.join("mps"),
             unrecorded_mps: Mutex::new(None),
             plugin_dir,
+            pci_bus: None,
+            held_changed: tokio::sync::watch::Sender::new(0),
         }
     }
 
@@ -206,6 +218,7 @@ impl DeviceState {
         };
         self.check_time_slices(claim, &planned)?;
         self.check_not_in_use(claim, &planned)?;
+        self.check_vfio(claim, &planned)?;
         let prepared: Vec<PreparedDevice> = planned
             .iter()
             .map(|p| PreparedDevice {
@@ -227,6 +240,7 @@ impl DeviceState {
                 _ => None,
             })
             .collect();
+        hardware.extend(Self::vfio_changes(&planned));
         for (minor, interval) in time_slices(&planned) {
             hardware.push(HardwareChange::TimeSlice {
                 gpu_minor: minor,
@@ -274,7 +288,8 @@ impl DeviceState {
             let mut edits = self.create(claim, &planned, &mut created).await?;
             self.apply_sharing(claim, &planned, &mut edits, &mut created)
                 .await?;
-            let spec = CdiStore::build_spec(&claim.uid, &claim.key(), &edits, &prepared);
+            let mut spec = CdiStore::build_spec(&claim.uid, &claim.key(), &edits, &prepared);
+            self.vfio_spec(&mut spec, claim, &planned, &edits);
             record.state = ClaimState::PrepareCompleted;
             // What was really done (daemon handles, MIG UUIDs), plus the shared devices' configs.
             record.hardware = to_json(&created);
@@ -296,6 +311,7 @@ impl DeviceState {
                 if created.iter().any(HardwareChange::is_sharing) {
                     self.write_sharing_state();
                 }
+                self.notify_held();
                 Ok(prepared)
             }
             Err(e) => {
@@ -384,6 +400,7 @@ impl DeviceState {
         if sharing {
             self.write_sharing_state();
         }
+        self.notify_held();
         Ok(())
     }
 
@@ -437,6 +454,9 @@ impl DeviceState {
                     self.stop_mps(daemon, *handle).await?;
                 }
                 HardwareChange::SharedDevice { .. } => {}
+                HardwareChange::Vfio { pci_bus_id, .. } => {
+                    self.unbind_vfio(uid, pci_bus_id).await?;
+                }
             }
         }
         Ok(())
@@ -475,6 +495,7 @@ impl DeviceState {
                     info!(claim = %claim.key(), device = %p.alloc.device, mig_uuid = %mig.uuid, "created MIG device");
                     mig_edits(&p.alloc.device, gpu, &mig)
                 }
+                Target::Vfio(gpu) => self.bind_vfio(claim, p, gpu, created).await?,
             };
             edits.push(e);
         }

@@ -268,4 +268,4 @@ pub fn apply_to_spec(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -19,6 +19,8 @@ pub(super) enum Target {
     StaticMig(Arc<Gpu>, usize),
     /// a MIG device to create: GI profile ID and placement start
     DynamicMig(Arc<Gpu>, u32, u32),
+    /// the GPU's PCI function, to bind to vfio-pci (`gpu-vfio-<index>`)
+    Vfio(Arc<Gpu>),
 }
 
 pub(super) fn static_mig(gpu: &Gpu, index: usize) -> &MigDevice {
@@ -77,6 +79,7 @@ impl DeviceState {
                 let target = self.target(d)?;
                 let kind = match target {
                     Target::Gpu(_) => DeviceKind::Gpu,
+                    Target::Vfio(_) => DeviceKind::Vfio,
                     _ => DeviceKind::Mig,
                 };
                 let (config, config_at) =
@@ -114,6 +117,9 @@ impl DeviceState {
                 .cloned()
                 .ok_or_else(|| invalid("no such GPU on this node".into()))
         };
+        if let Some(gpu) = self.vfio_target(&d.device) {
+            return gpu.map(Target::Vfio).map_err(invalid);
+        }
         match parse_device_name(&d.device)
             .ok_or_else(|| invalid("not a device name this driver publishes".into()))?
         {

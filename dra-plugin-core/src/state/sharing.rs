@@ -162,7 +162,7 @@ impl DeviceState {
             let uuid = match &p.target {
                 Target::Gpu(g) => Some(g.uuid.clone()),
                 Target::StaticMig(g, i) => Some(static_mig(g, *i).uuid.clone()),
-                Target::DynamicMig(..) => edits
+                Target::DynamicMig(..) | Target::Vfio(_) => edits
                     .iter()
                     .find(|e| e.device_name == p.alloc.device)
                     .map(|e| e.uuid.clone()),
