@@ -109,7 +109,6 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
         "vfio.gpu.nvidia.com",
         "compute-domain-daemon.nvidia.com",
         "compute-domain-default-channel.nvidia.com",
-        "migration.gpu.nvidia.com",
     ] {
         calls.push(call(
             Method::PATCH,
@@ -117,6 +116,12 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
             Reply::Echo,
         ));
     }
+    // The mapping lives on gpu.nvidia.com, so the optional migration class must be gone.
+    calls.push(call(
+        Method::DELETE,
+        format!("{DC}migration.gpu.nvidia.com").leak(),
+        Reply::Status(404),
+    ));
     calls.extend([
         call(Method::PATCH, "/api/v1/namespaces/gpu-dra/serviceaccounts/gpu-dra-kubelet-plugin", Reply::Echo),
         call(Method::PATCH, "/apis/rbac.authorization.k8s.io/v1/clusterroles/gpu-dra-kubelet-plugin", Reply::Echo),
@@ -176,8 +181,9 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
         (owner["uid"].as_str(), owner["controller"].as_bool()),
         (Some("uid-1"), Some(true))
     );
+    // NVIDIA's placement of the `nvidia.com/gpu` mapping by default.
     assert_eq!(
-        body("deviceclasses/migration.gpu.nvidia.com")["spec"]["extendedResourceName"],
+        body("deviceclasses/gpu.nvidia.com")["spec"]["extendedResourceName"],
         "nvidia.com/gpu"
     );
     // The plugin runs only where the pool marked the node ready; no compute-domains container.

@@ -44,13 +44,12 @@ const POOL_LABEL: &str = "e2e-controller-pool";
 const DRA_LABEL: &str = "nvidia.com/gpu.deploy.dra-driver";
 const DEVICE_PLUGIN_LABEL: &str = "nvidia.com/gpu.deploy.device-plugin";
 const CD_LABEL: &str = "resource.nvidia.com/computeDomain";
-const CLASSES: [&str; 6] = [
+const CLASSES: [&str; 5] = [
     "gpu.nvidia.com",
     "mig.nvidia.com",
     "vfio.gpu.nvidia.com",
     "compute-domain-daemon.nvidia.com",
     "compute-domain-default-channel.nvidia.com",
-    "migration.gpu.nvidia.com",
 ];
 
 fn gvk_api(client: &Client, group: &str, version: &str, kind: &str, plural: &str) -> ApiResource {
@@ -450,11 +449,13 @@ async fn c1_gpucluster_deploys_classes_plugin_vap_and_keeps_conflicting_nodes_of
             })
             .await?;
         }
-        let migration = classes.get("migration.gpu.nvidia.com").await?;
+        // NVIDIA's placement of the `nvidia.com/gpu` mapping, and no second class mapping it.
+        let gpu = classes.get("gpu.nvidia.com").await?;
         assert_eq!(
-            migration.spec.as_ref().and_then(|s| s.extended_resource_name.as_deref()),
+            gpu.spec.as_ref().and_then(|s| s.extended_resource_name.as_deref()),
             Some("nvidia.com/gpu")
         );
+        assert!(classes.get_opt("migration.gpu.nvidia.com").await?.is_none());
 
         // The plugin DaemonSet, its RBAC, the VAP and the ComputeDomain controller.
         let ds = wait_exists(w, &Api::<DaemonSet>::namespaced(c.clone(), NS), PLUGIN).await?;

@@ -5,6 +5,8 @@ use gpu_dra_api::names::{
 };
 use k8s_openapi::api::resource::v1::DeviceClass;
 
+use super::crd::ExtendedResourceClass;
+
 use super::error::{Error, Result};
 
 const FILES: [(&str, &str); 6] = [
@@ -30,7 +32,7 @@ const FILES: [(&str, &str); 6] = [
     ),
     (
         MIGRATION_CLASS,
-        include_str!("../../../deviceclasses/migration.gpu.nvidia.com.yaml"),
+        include_str!("../../../deviceclasses/optional/migration.gpu.nvidia.com.yaml"),
     ),
 ];
 
@@ -44,15 +46,27 @@ pub fn all() -> Result<Vec<DeviceClass>> {
         .collect()
 }
 
-/// The classes a GPUCluster wants, and those it wants gone.
-pub fn desired(map_extended_resource: bool) -> Result<(Vec<DeviceClass>, Vec<String>)> {
-    let (keep, drop): (Vec<_>, Vec<_>) = all()?.into_iter().partition(|c| {
-        map_extended_resource || c.metadata.name.as_deref() != Some(MIGRATION_CLASS)
-    });
-    Ok((
-        keep,
-        drop.into_iter().filter_map(|c| c.metadata.name).collect(),
-    ))
+/// The classes a GPUCluster wants, and those it wants gone. At most one class carries the
+/// `nvidia.com/gpu` mapping: the scheduler would use only the newest of several.
+pub fn desired(mapping: Option<ExtendedResourceClass>) -> Result<(Vec<DeviceClass>, Vec<String>)> {
+    let mut keep = Vec::new();
+    let mut drop = Vec::new();
+    for mut class in all()? {
+        let name = class.metadata.name.clone().unwrap_or_default();
+        match (name.as_str(), mapping) {
+            (MIGRATION_CLASS, Some(ExtendedResourceClass::Migration)) => keep.push(class),
+            (MIGRATION_CLASS, _) => drop.push(name),
+            (GPU_CLASS, Some(ExtendedResourceClass::Gpu)) => keep.push(class),
+            (GPU_CLASS, _) => {
+                if let Some(spec) = class.spec.as_mut() {
+                    spec.extended_resource_name = None;
+                }
+                keep.push(class);
+            }
+            _ => keep.push(class),
+        }
+    }
+    Ok((keep, drop))
 }
 
 #[cfg(test)]
@@ -79,17 +93,27 @@ mod tests {
         }
     }
 
+    fn mapped(classes: &[DeviceClass]) -> Vec<(String, String)> {
+        classes
+            .iter()
+            .filter_map(|c| {
+                let name = c.spec.as_ref()?.extended_resource_name.clone()?;
+                Some((c.metadata.name.clone()?, name))
+            })
+            .collect()
+    }
+
     #[test]
-    fn only_the_migration_class_maps_the_extended_resource() {
-        for c in all().unwrap() {
-            let mapped = c
-                .spec
-                .as_ref()
-                .and_then(|s| s.extended_resource_name.as_deref());
-            let expect =
-                (c.metadata.name.as_deref() == Some(MIGRATION_CLASS)).then_some("nvidia.com/gpu");
-            assert_eq!(mapped, expect, "{:?}", c.metadata.name);
-        }
+    fn the_files_map_nvidia_com_gpu_on_gpu_nvidia_com_and_the_optional_migration_class() {
+        let pairs = mapped(&all().unwrap());
+        let gpu = "nvidia.com/gpu".to_string();
+        assert_eq!(
+            pairs,
+            [
+                (GPU_CLASS.into(), gpu.clone()),
+                (MIGRATION_CLASS.into(), gpu)
+            ]
+        );
     }
 
     #[test]
@@ -106,12 +130,18 @@ mod tests {
     }
 
     #[test]
-    fn disabling_the_mapping_removes_the_migration_class() {
-        let (keep, drop) = desired(false).unwrap();
-        assert_eq!(keep.len(), 5);
-        assert_eq!(drop, [MIGRATION_CLASS]);
-        let (keep, drop) = desired(true).unwrap();
-        assert_eq!(keep.len(), 6);
-        assert!(drop.is_empty());
+    fn exactly_one_class_or_none_carries_the_mapping() {
+        let gpu = "nvidia.com/gpu".to_string();
+        let (keep, drop) = desired(Some(ExtendedResourceClass::Gpu)).unwrap();
+        assert_eq!((keep.len(), drop), (5, vec![MIGRATION_CLASS.to_string()]));
+        assert_eq!(mapped(&keep), [(GPU_CLASS.into(), gpu.clone())]);
+
+        let (keep, drop) = desired(Some(ExtendedResourceClass::Migration)).unwrap();
+        assert_eq!((keep.len(), drop.len()), (6, 0));
+        assert_eq!(mapped(&keep), [(MIGRATION_CLASS.into(), gpu)]);
+
+        let (keep, drop) = desired(None).unwrap();
+        assert_eq!((keep.len(), drop), (5, vec![MIGRATION_CLASS.to_string()]));
+        assert!(mapped(&keep).is_empty());
     }
 }

@@ -101,7 +101,11 @@ async fn converge(gc: &GPUCluster, ctx: &Ctx) -> Result<Action> {
     let plan = observe_pool(ctx, spec).await?;
 
     let classes: Api<DeviceClass> = Api::all(client.clone());
-    let (keep, drop) = deviceclasses::desired(spec.migration_pool.map_extended_resource)?;
+    let (keep, drop) = deviceclasses::desired(
+        spec.migration_pool
+            .map_extended_resource
+            .then_some(spec.migration_pool.extended_resource_class),
+    )?;
     for mut class in keep {
         class.metadata.owner_references = Some(vec![target.owner.clone()]);
         apply(&classes, &class).await?;

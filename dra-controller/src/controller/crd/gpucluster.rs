@@ -244,9 +244,14 @@ pub struct MigrationPoolSpec {
     /// Nodes that use DRA; all nodes labelled `nvidia.com/gpu.present=true` when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_selector: Option<LabelSelector>,
-    /// Install `migration.gpu.nvidia.com`, which serves `nvidia.com/gpu` requests through DRA.
+    /// Serve `nvidia.com/gpu` requests through DRA on pool nodes (a DeviceClass with
+    /// `extendedResourceName: nvidia.com/gpu`).
     #[serde(default = "default_true")]
     pub map_extended_resource: bool,
+    /// Which DeviceClass carries that mapping: `gpu.nvidia.com` (NVIDIA's placement) or a separate
+    /// `migration.gpu.nvidia.com`.
+    #[serde(default)]
+    pub extended_resource_class: ExtendedResourceClass,
 }
 
 impl Default for MigrationPoolSpec {
@@ -254,8 +259,19 @@ impl Default for MigrationPoolSpec {
         Self {
             node_selector: None,
             map_extended_resource: true,
+            extended_resource_class: ExtendedResourceClass::default(),
         }
     }
+}
+
+/// The DeviceClass that maps `nvidia.com/gpu` to DRA.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum ExtendedResourceClass {
+    #[default]
+    #[serde(rename = "gpu.nvidia.com")]
+    Gpu,
+    #[serde(rename = "migration.gpu.nvidia.com")]
+    Migration,
 }
 
 fn default_true() -> bool {
