@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use gpu_dra_api::config::{IommuBackendPolicy, VfioDeviceConfig};
+use gpu_dra_api::passthrough::PciFunction;
 
 use crate::Error;
 use crate::cdi::{ContainerEdits, DeviceNode, Spec};
@@ -86,6 +87,40 @@ impl PciBus {
             .map(|e| e.file_name().to_string_lossy().into_owned())
             .find(|n| n.starts_with("vfio"))
             .ok_or_else(|| Error::Device(format!("{}: missing iommufd cdev", dir.display())))
+    }
+
+    /// The function's PCI facts from sysfs (`vendor`, `device`, `iommu_group`, `resource`), as
+    /// go-nvlib's nvpci reads them; `None` when the device directory is missing.
+    pub fn pci_function(&self, addr: &str) -> Option<PciFunction> {
+        let dev = self.device_dir(addr);
+        let hex = |f: &str| {
+            let s = std::fs::read_to_string(dev.join(f)).ok()?;
+            u16::from_str_radix(s.trim().trim_start_matches("0x"), 16).ok()
+        };
+        // 64-bit memory BARs (flags bit 2) among the first six resources, rounded up together.
+        let bars: u64 = std::fs::read_to_string(dev.join("resource"))
+            .unwrap_or_default()
+            .lines()
+            .take(6)
+            .filter_map(|l| {
+                let v: Vec<u64> = l
+                    .split_whitespace()
+                    .filter_map(|x| u64::from_str_radix(x.trim_start_matches("0x"), 16).ok())
+                    .collect();
+                (v.len() == 3 && v[2] & 0x6 == 0x4 && v[1] > v[0]).then(|| v[1] - v[0] + 1)
+            })
+            .sum();
+        Some(PciFunction {
+            vendor_id: hex("vendor")?,
+            device_id: hex("device")?,
+            iommu_group: self.iommu_group(addr).ok(),
+            addressable_memory_bytes: if bars == 0 {
+                0
+            } else {
+                bars.next_power_of_two()
+            },
+            iommufd: self.iommufd_enabled(),
+        })
     }
 
     /// Whether the node has the iommufd API device, NVIDIA's test for iommufd support.

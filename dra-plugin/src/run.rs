@@ -32,6 +32,7 @@ use crate::prepare::{ClaimSource, Preparer};
 
 mod health;
 mod kubelet;
+mod passthrough;
 mod shutdown;
 use health::{spawn_health, spawn_health_monitor};
 use kubelet::serve_kubelet;
@@ -175,14 +176,22 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     let (checkpoint, outcome) =
         Checkpoint::load(&args.plugin_dir.join("checkpoint.json"), &boot_id)?;
     let cdi = CdiStore::new(&args.cdi_root);
-    let inventory = discover(&backend, shutdown.clone()).await?;
-    let state = Arc::new(DeviceState::new(
-        &dev.node_name,
-        backend.clone(),
-        inventory.clone(),
-        checkpoint,
-        cdi.clone(),
-        gates.clone(),
+    let mut inventory = discover(&backend, shutdown.clone()).await?;
+    let pci_bus = passthrough::pci_bus(&gates);
+    if let Some(bus) = &pci_bus {
+        passthrough::fill_pci(&mut inventory, bus);
+    }
+    let vfio_on = pci_bus.is_some();
+    let state = Arc::new(passthrough::attach(
+        DeviceState::new(
+            &dev.node_name,
+            backend.clone(),
+            inventory.clone(),
+            checkpoint,
+            cdi.clone(),
+            gates.clone(),
+        ),
+        pci_bus,
     ));
     match &outcome {
         LoadOutcome::Loaded | LoadOutcome::Fresh => {}
@@ -274,12 +283,16 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     };
     let consumable = gates.enabled("ConsumableShares");
     let opts_for_pool = opts.clone();
+    let state_for_pool = state.clone();
     // The node's slice contents, with taints from health and, when enabled, consumable capacity.
     let pool = move |taints: &dyn Fn(&[SliceContent]) -> TaintMap| {
         let mut contents = build_pool(&inventory, &opts_for_pool, &TaintMap::new());
         let taints = taints(&contents);
         if !taints.is_empty() {
             contents = build_pool(&inventory, &opts_for_pool, &taints);
+        }
+        if vfio_on {
+            passthrough::add_to_pool(&mut contents, &inventory, &state_for_pool);
         }
         if consumable {
             enable_consumable_shares(&mut contents);
@@ -288,6 +301,12 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     };
     let untainted = pool(&|_| TaintMap::new());
     let (contents_tx, contents_rx) = watch::channel(untainted);
+    if vfio_on {
+        let pool = pool.clone();
+        passthrough::spawn_republish(state.clone(), contents_tx.clone(), move || {
+            pool(&|_| TaintMap::new())
+        });
+    }
     if let Some(client) = client.clone() {
         let publisher = Publisher::new(client.clone(), opts.clone(), metrics.clone());
         tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
