@@ -20,6 +20,11 @@ async fn main() -> ExitCode {
     };
     match cli.run().await {
         Ok(()) => ExitCode::SUCCESS,
+        // the simulator's errors say where in the input and why; a backtrace adds nothing there
+        Err(e) if e.downcast_ref::<dra_sim::Error>().is_some() => {
+            eprintln!("Error: {e:#}");
+            ExitCode::FAILURE
+        }
         Err(e) => {
             gpu_dra_log::exit_error(log.format, &e);
             ExitCode::FAILURE

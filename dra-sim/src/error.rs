@@ -13,6 +13,9 @@ pub enum Error {
     /// No node can take the pod's claims (the outcome has been printed already).
     #[error("unsatisfiable on all {nodes} node(s)")]
     Unsatisfiable { nodes: usize },
+    /// Some pods of the input stay Pending (the outcome has been printed already).
+    #[error("{pending} of {pods} pod(s) cannot be scheduled")]
+    Unschedulable { pending: usize, pods: usize },
     /// Reading a file or a directory.
     #[error("{what}")]
     Io {

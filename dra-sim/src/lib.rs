@@ -1,11 +1,12 @@
 //! The local simulator: the Kubernetes DRA CEL environment (`cel`), the scheduler's structured
-//! allocator (`alloc`), input loading (`input`) and the `eval` / `simulate` commands (`cli`), which
+//! allocator (`alloc`), input loading (`input`), workloads and their pods (`workloads`) and the `eval` / `simulate` commands (`cli`), which
 //! the `dra-controller` binary exposes as its subcommands of the same names.
 pub mod alloc;
 pub mod cel;
 pub mod cli;
 mod error;
 pub mod input;
+pub mod workloads;
 
 pub use cli::{EvalArgs, SimulateArgs};
 pub use error::{Error, Result};

@@ -177,6 +177,7 @@ fn main() -> anyhow::Result<()> {
         include_str!("../../../examples/claims/inference-gpu.yaml"),
         &mut claims,
     )?;
+    claims.claims = claims.standalone_claims();
     let mut all_slices = Vec::new();
     for i in 0..nodes {
         all_slices.extend(
