@@ -299,3 +299,35 @@ fn compute_domains_run_the_plugin_in_compute_domain_mode() {
     let off = daemonset(json!({ "draDriver": { "computeDomains": { "enabled": false } } }));
     assert_eq!(containers(&off).len(), 1);
 }
+
+/// The plugin may write its devices' entries in claim status: the status subresource, and the
+/// per-driver verb the API server checks for a token bound to the claim's node (1.36+).
+#[test]
+fn plugin_role_allows_claim_status_of_its_driver() {
+    let spec: GPUClusterSpec =
+        serde_json::from_value(json!({ "draDriver": {} })).expect("spec parses");
+    let t = Target {
+        namespace: "gpu-dra",
+        owner: owner(),
+        spec: &spec,
+        log_env: &[],
+    };
+    let rules = render::plugin_rbac(&t).expect("renders").role.rules;
+    let rules = serde_json::to_value(rules).unwrap();
+    let rule = |resource: &str| {
+        rules
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["resources"] == json!([resource]))
+            .cloned()
+            .unwrap_or_else(|| panic!("no rule for {resource}: {rules}"))
+    };
+    assert_eq!(
+        rule("resourceclaims/status")["verbs"],
+        json!(["get", "patch"])
+    );
+    let driver = rule("resourceclaims/driver");
+    assert_eq!(driver["resourceNames"], json!(["gpu.nvidia.com"]));
+    assert_eq!(driver["verbs"], json!(["associated-node:patch"]));
+}

@@ -276,6 +276,7 @@ mod tests {
             device_name: device.into(),
             cdi_device_ids: vec![cdi_device_id("uid-1", device)],
             share_id: None,
+            uuid: None,
         }
     }
 

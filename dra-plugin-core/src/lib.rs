@@ -12,6 +12,7 @@ pub mod configs;
 mod error;
 pub mod fsutil;
 pub mod health;
+pub mod metadata;
 pub mod sharing;
 pub mod state;
 pub mod types;

@@ -219,7 +219,7 @@ impl DeviceState {
         self.check_time_slices(claim, &planned)?;
         self.check_not_in_use(claim, &planned)?;
         self.check_vfio(claim, &planned)?;
-        let prepared: Vec<PreparedDevice> = planned
+        let mut prepared: Vec<PreparedDevice> = planned
             .iter()
             .map(|p| PreparedDevice {
                 request_names: vec![p.alloc.base_request().to_string()],
@@ -227,6 +227,7 @@ impl DeviceState {
                 device_name: p.alloc.device.clone(),
                 cdi_device_ids: vec![cdi_device_id(&claim.uid, &p.alloc.device)],
                 share_id: p.alloc.share_id.clone(),
+                uuid: None,
             })
             .collect();
         let mut hardware: Vec<HardwareChange> = planned
@@ -288,6 +289,14 @@ impl DeviceState {
             let mut edits = self.create(claim, &planned, &mut created).await?;
             self.apply_sharing(claim, &planned, &mut edits, &mut created)
                 .await?;
+            // Dynamic MIG UUIDs exist only now; the record keeps them for the claim's status.
+            for p in prepared.iter_mut() {
+                p.uuid = edits
+                    .iter()
+                    .find(|e| e.device_name == p.device_name)
+                    .map(|e| e.uuid.clone());
+            }
+            record.devices = prepared.clone();
             let mut spec = CdiStore::build_spec(&claim.uid, &claim.key(), &edits, &prepared);
             self.vfio_spec(&mut spec, claim, &planned, &edits);
             record.state = ClaimState::PrepareCompleted;

@@ -54,12 +54,15 @@ pub struct ConfigEntry {
 #[derive(Debug, Clone, PartialEq)]
 pub struct ClaimAllocation {
     pub claim: ClaimRef,
+    /// The pod's name for a claim made from a template (`resource.kubernetes.io/pod-claim-name`):
+    /// where containers find the claim's device metadata.
+    pub pod_claim_name: Option<String>,
     pub devices: Vec<AllocatedDevice>,
     pub configs: Vec<ConfigEntry>,
 }
 
 /// What the kubelet gets back per device (and what the checkpoint remembers).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct PreparedDevice {
     pub request_names: Vec<String>,
@@ -68,4 +71,8 @@ pub struct PreparedDevice {
     pub cdi_device_ids: Vec<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_id: Option<String>,
+    /// The GPU or MIG device UUID, for the claim's `status.devices`; unset in records written
+    /// before it was kept.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
 }

@@ -294,6 +294,7 @@ impl ComputeDomainState {
                 device_name: d.device.clone(),
                 cdi_device_ids: vec![cdi_id(uid, &d.device)],
                 share_id: None,
+                uuid: None,
             });
         }
         let channel_domain = holdings.iter().find_map(|h| match h {

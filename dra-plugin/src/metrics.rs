@@ -11,7 +11,7 @@ use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
-    /// `prepare` or `unprepare`.
+    /// `prepare`, `unprepare` or `device_metadata` (metadata files not written at prepare).
     pub operation: &'static str,
     /// One of [`crate::Error::reason`]'s fixed values.
     pub reason: &'static str,
@@ -24,6 +24,16 @@ pub struct SocketErrorLabels {
     pub socket: &'static str,
     /// One of [`crate::grpc::observe`]'s fixed reasons.
     pub reason: &'static str,
+}
+
+/// A server-side apply of a claim's `status.devices` entries (see [`crate::kube::status`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClaimStatusLabels {
+    /// `apply` (after prepare) or `clear` (after unprepare).
+    pub operation: &'static str,
+    /// `ok`, `retry` (failed, tried again later) or `dropped` (the claim is gone, replaced or
+    /// deallocated, or retries ran out).
+    pub result: &'static str,
 }
 
 /// A count as a gauge's value (gauges hold an `i64`, which no count comes near).
@@ -41,6 +51,7 @@ pub struct Metrics {
     pub publish_errors: Counter,
     pub socket_errors: Family<SocketErrorLabels, Counter>,
     pub registration_refused: Counter,
+    pub claim_status_writes: Family<ClaimStatusLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -62,6 +73,7 @@ impl Metrics {
         let publish_errors = Counter::default();
         let socket_errors = Family::<SocketErrorLabels, Counter>::default();
         let registration_refused = Counter::default();
+        let claim_status_writes = Family::<ClaimStatusLabels, Counter>::default();
         registry.register(
             "node_prepare_duration_seconds",
             "Duration of NodePrepareResources calls",
@@ -102,6 +114,11 @@ impl Metrics {
             "NotifyRegistrationStatus calls in which the kubelet refused the plugin",
             registration_refused.clone(),
         );
+        registry.register(
+            "claim_status_writes",
+            "Server-side applies of ResourceClaim status.devices entries by outcome",
+            claim_status_writes.clone(),
+        );
         Metrics {
             registry,
             prepare_duration,
@@ -112,12 +129,19 @@ impl Metrics {
             publish_errors,
             socket_errors,
             registration_refused,
+            claim_status_writes,
         }
     }
 
     pub fn error(&self, operation: &'static str, reason: &'static str) {
         self.errors
             .get_or_create(&ErrorLabels { operation, reason })
+            .inc();
+    }
+
+    pub fn claim_status(&self, operation: &'static str, result: &'static str) {
+        self.claim_status_writes
+            .get_or_create(&ClaimStatusLabels { operation, result })
             .inc();
     }
 
@@ -184,6 +208,7 @@ mod tests {
         m.prepared_devices.set(3);
         m.socket_error("registration", "protocol");
         m.registration_refused.inc();
+        m.claim_status("apply", "retry");
         let text = m.encode();
         for series in [
             "gpu_dra_node_prepare_duration_seconds_bucket",
@@ -192,6 +217,7 @@ mod tests {
             "gpu_dra_published_devices 0",
             "gpu_dra_kubelet_socket_errors_total{socket=\"registration\",reason=\"protocol\"} 1",
             "gpu_dra_registration_refused_total 1",
+            "gpu_dra_claim_status_writes_total{operation=\"apply\",result=\"retry\"} 1",
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }

@@ -7,9 +7,11 @@ use std::time::Duration;
 use anyhow::Context;
 use dra_plugin_core::backend::DeviceBackend;
 use dra_plugin_core::cdi::CdiStore;
-use dra_plugin_core::checkpoint::{Checkpoint, LoadOutcome, read_boot_id};
+use dra_plugin_core::checkpoint::{Checkpoint, ClaimState, LoadOutcome, read_boot_id};
 use dra_plugin_core::health::HealthTracker;
+use dra_plugin_core::metadata::MetadataWriter;
 use dra_plugin_core::state::DeviceState;
+use dra_plugin_core::types::ClaimRef;
 use gpu_dra_api::gates::{Component, FeatureGates};
 use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::slices::{
@@ -26,9 +28,10 @@ use crate::grpc::health::HealthService;
 use crate::kube::claims::{ApiClaims, FileClaims};
 use crate::kube::events::{ApiNodeEvents, NodeEvents};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
+use crate::kube::status::{ApiClaimStatus, ClaimStatus};
 use crate::kube::taints::taint_map;
 use crate::metrics::{Metrics, gauge_count};
-use crate::prepare::{ClaimSource, Preparer};
+use crate::prepare::{ClaimOutputs, ClaimSource, Preparer};
 
 mod health;
 mod kubelet;
@@ -245,7 +248,15 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         (None, None) => unreachable!("a client exists whenever there is no offline directory"),
     };
 
-    let service = DraService::new(state.clone(), claims, metrics.clone());
+    let outputs = claim_outputs(
+        &args,
+        &gates,
+        state.clone(),
+        client.as_ref(),
+        &metrics,
+        events.clone(),
+    );
+    let service = DraService::new(outputs.clone(), claims, metrics.clone());
     let health_enabled = gates.enabled("NVMLDeviceHealthCheck");
     let tracker = Arc::new(Mutex::new(HealthTracker::new(Duration::from_secs(
         args.health_hold_down_seconds,
@@ -310,7 +321,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     if let Some(client) = client.clone() {
         let publisher = Publisher::new(client.clone(), opts.clone(), metrics.clone());
         tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
-        tokio::spawn(cleanup_loop(client, state.clone(), shutdown.clone()));
+        tokio::spawn(cleanup_loop(client, outputs, shutdown.clone()));
     }
     if health_enabled {
         let publish = move |t: &HealthTracker| {
@@ -392,6 +403,50 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     }
     servers.stop(state.checkpoint()).await;
     Ok(())
+}
+
+/// The GPU state with its outputs beyond CDI: metadata files behind `DeviceMetadata`, and the
+/// claims' `status.devices` whenever there is an API server.
+fn claim_outputs(
+    args: &RunArgs,
+    gates: &FeatureGates,
+    state: Arc<DeviceState>,
+    client: Option<&kube::Client>,
+    metrics: &Arc<Metrics>,
+    events: Option<Arc<dyn NodeEvents>>,
+) -> Arc<dyn Preparer> {
+    let dev = &args.device;
+    let metadata = gates
+        .enabled("DeviceMetadata")
+        .then(|| MetadataWriter::new(&dev.driver_name, &args.plugin_dir, &args.cdi_root));
+    let status = client.map(|c| {
+        Arc::new(ApiClaimStatus::spawn(
+            c.clone(),
+            &dev.driver_name,
+            &dev.node_name,
+            metrics.clone(),
+            events,
+        )) as Arc<dyn ClaimStatus>
+    });
+    // A restart loses the writes still queued: apply each prepared claim's entries again.
+    if let Some(status) = &status {
+        for (uid, r) in state.checkpoint().claims() {
+            if r.state == ClaimState::PrepareCompleted {
+                let claim = ClaimRef {
+                    uid,
+                    namespace: r.namespace,
+                    name: r.name,
+                };
+                status.prepared(&claim, &r.devices);
+            }
+        }
+    }
+    Arc::new(ClaimOutputs {
+        inner: state,
+        metadata,
+        status,
+        metrics: metrics.clone(),
+    })
 }
 
 /// This node's Warning events; none offline.

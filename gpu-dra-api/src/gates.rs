@@ -158,7 +158,7 @@ pub const GATES: &[Gate] = &[
         stage: Stage::Alpha,
         origin: Origin::Driver,
         used_by: &[Gpu],
-        support: Support::NoEffect("no device metadata files are written yet"),
+        support: Support::Implemented,
     },
     Gate {
         name: "DRAListTypeAttributes",

@@ -61,7 +61,8 @@ pub const COMPUTE_DOMAIN_NAME_ANNOTATION: &str = "resource.nvidia.com/computeDom
 
 /// The controller's field manager for every server-side apply it makes.
 pub const CONTROLLER_FIELD_MANAGER: &str = "gpu-dra-controller";
-/// The kubelet plugin: field manager of its ResourceSlices, component of its Events.
+/// The kubelet plugin: field manager of its ResourceSlices and of its entries in a
+/// ResourceClaim's `status.devices`, component of its Events.
 pub const PLUGIN_COMPONENT: &str = "gpu.nvidia.com/dra-plugin";
 /// The compute-domain plugin's field manager for the node label it sets.
 pub const COMPUTE_DOMAIN_PLUGIN_FIELD_MANAGER: &str = "compute-domain.nvidia.com/dra-plugin";
@@ -89,6 +90,26 @@ pub const CDI_CLASS: &str = "claim";
 /// files alone: the claim, and its prepared devices.
 pub const CDI_CLAIM_ANNOTATION: &str = "gpu.nvidia.com/claim";
 pub const CDI_DEVICES_ANNOTATION: &str = "gpu.nvidia.com/prepared-devices";
+/// CDI class of the device-metadata specs (KEP-5304): `<driver>/metadata=<claimUID>_<request>`,
+/// the kind the upstream kubeletplugin helper writes.
+pub const CDI_METADATA_CLASS: &str = "metadata";
+
+// Device metadata (KEP-5304), the layout of k8s.io/dynamic-resource-allocation's helper.
+
+/// Under the plugin directory: `<ns>_<claim>/<request>/metadata.json` per request.
+pub const METADATA_DIR: &str = "dra-device-metadata";
+/// In containers: `resourceclaims/<claim>/...` or `resourceclaimtemplates/<pod claim>/...`,
+/// then `<request>/<driver>-metadata.json`.
+pub const METADATA_CONTAINER_DIR: &str = "/var/run/kubernetes.io/dra-device-attributes";
+/// The API group of the metadata files' objects (`DeviceMetadata`).
+pub const METADATA_API_GROUP: &str = "metadata.resource.k8s.io";
+/// The ResourceClaim annotation naming the pod's claim entry, on claims made from a template.
+pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-name";
+
+// ResourceClaim status (KEP-4817).
+
+/// The condition the plugin sets on each of its `status.devices` entries once prepared.
+pub const DEVICE_READY_CONDITION: &str = "Ready";
 
 #[cfg(test)]
 mod tests {

@@ -11,6 +11,7 @@ fn record(state: ClaimState) -> ClaimRecord {
             device_name: "gpu-0".into(),
             cdi_device_ids: vec!["k8s.gpu.nvidia.com/claim=u1-gpu-0".into()],
             share_id: None,
+            uuid: None,
         }],
         hardware: vec![],
         unknown: BTreeMap::new(),

@@ -85,6 +85,7 @@ fn claim(
             namespace: "ns".into(),
             name: format!("claim-{uid}"),
         },
+        pod_claim_name: None,
         devices: devices
             .iter()
             .map(|(req, dev, share)| AllocatedDevice {

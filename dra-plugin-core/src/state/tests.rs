@@ -45,6 +45,7 @@ fn claim(uid: &str, devices: &[(&str, &str)]) -> ClaimAllocation {
             namespace: "ns".into(),
             name: format!("claim-{uid}"),
         },
+        pod_claim_name: None,
         devices: devices
             .iter()
             .map(|(req, dev)| AllocatedDevice {

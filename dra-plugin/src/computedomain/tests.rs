@@ -59,6 +59,7 @@ fn claim(uid: &str, device: &str, kind: &str, params: serde_json::Value) -> Clai
             namespace: "ns".into(),
             name: format!("c-{uid}"),
         },
+        pod_claim_name: None,
         devices: vec![AllocatedDevice {
             request: "channel".into(),
             pool: "n1".into(),

@@ -90,7 +90,8 @@ impl DraService {
         let results = join_all(claims.into_iter().map(|c| {
             let span = info_span!("unprepare", claimUID = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
             async move {
-                let error = match self.state.unprepare(&c.uid).await {
+                let claim = ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name };
+                let error = match self.state.unprepare_claim(&claim).await {
                     Ok(()) => {
                         info!("unprepared");
                         String::new()
@@ -101,7 +102,7 @@ impl DraService {
                         e.to_string()
                     }
                 };
-                (c.uid, v1::NodeUnprepareResourceResponse { error })
+                (claim.uid, v1::NodeUnprepareResourceResponse { error })
             }
             .instrument(span)
         }))

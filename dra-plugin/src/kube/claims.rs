@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
+use gpu_dra_api::names::POD_CLAIM_NAME_ANNOTATION;
 use k8s_openapi::api::resource::v1::ResourceClaim;
 use kube::Api;
 
@@ -70,6 +71,11 @@ pub fn allocation_from_claim(
         .collect();
     Ok(ClaimAllocation {
         claim: want.clone(),
+        pod_claim_name: obj
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(POD_CLAIM_NAME_ANNOTATION).cloned()),
         devices,
         configs,
     })

@@ -1,5 +1,7 @@
-//! The Kubernetes side: ResourceClaims in; ResourceSlices (with health taints) and Events out.
+//! The Kubernetes side: ResourceClaims in; ResourceSlices (with health taints), claim status and
+//! Events out.
 pub mod claims;
 pub mod events;
 pub mod publisher;
+pub mod status;
 pub mod taints;

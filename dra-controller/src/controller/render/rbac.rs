@@ -1,4 +1,5 @@
 //! ServiceAccounts and cluster roles for the kubelet plugin and the ComputeDomain controller.
+use gpu_dra_api::names::GPU_DRIVER;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use serde_json::{Value, json};
@@ -38,8 +39,8 @@ fn rbac(t: &Target<'_>, name: &str, rules: Value) -> Result<Rbac> {
     })
 }
 
-/// The plugin publishes its node's slices (the VAP narrows this to its own node), reads claims,
-/// labels its node for ComputeDomains, and records Warning events on it (a corrupt checkpoint, a
+/// The plugin publishes its node's slices (the VAP narrows this to its own node), reads claims and
+/// writes its devices' entries in their status, labels its node for ComputeDomains, and records Warning events on it (a corrupt checkpoint, a
 /// registration the kubelet refused; core/v1 Events).
 pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
     rbac(
@@ -48,6 +49,11 @@ pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
         json!([
             { "apiGroups": ["resource.k8s.io"], "resources": ["resourceslices"], "verbs": ALL.iter().chain(&["deletecollection"]).collect::<Vec<_>>() },
             { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "deviceclasses"], "verbs": READ },
+            // status.devices entries (server-side apply). Since 1.36 the API server also asks for
+            // the driver's own verb on `resourceclaims/driver`, `associated-node:` for a token
+            // bound to the claim's node (the plugin pod's), which is all the plugin needs.
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/status"], "verbs": ["get", "patch"] },
+            { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims/driver"], "resourceNames": [GPU_DRIVER], "verbs": ["associated-node:patch"] },
             { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch", "update"] },
             { "apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"] },
             { "apiGroups": [""], "resources": ["pods"], "verbs": READ },

@@ -53,6 +53,7 @@ fn claim(uid: &str, devices: &[&str], configs: Vec<ConfigEntry>) -> ClaimAllocat
             namespace: "ns".into(),
             name: format!("claim-{uid}"),
         },
+        pod_claim_name: None,
         devices: devices
             .iter()
             .enumerate()
