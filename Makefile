@@ -43,6 +43,10 @@ bench-sim:
 	set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10 | \
 	  python3 tools/perf-table.py docs/perf.md
 
+## NVIDIA's own manifests (driver v0.5.0, from the Go module proxy) through the simulator.
+nvidia-manifests:
+	bash tools/nvidia-manifests.sh
+
 ## What a simulated node publishes.
 slices:
 	cargo run -q -p dra-plugin -- slices --backend simulated --profile h100-80gb:8 --node-name node-1 --feature-gates DynamicMIG=true -o yaml
