@@ -2,6 +2,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
+use gpu_dra_api::slices::ConsumableShares;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -70,6 +71,10 @@ pub struct DeviceArgs {
     /// Root of the NVIDIA driver installation (e.g. `/run/nvidia/driver` for operator-managed drivers).
     #[arg(long, env = "NVIDIA_DRIVER_ROOT")]
     pub driver_root: Option<PathBuf>,
+    /// Consumable shares, with the ConsumableShares gate: `disabled`, `memory`, `unlimited`, or a
+    /// positive number of shares per device (NVIDIA's flag, variable and values).
+    #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
+    pub consumable_shares: ConsumableShares,
 }
 
 #[derive(Args, Debug)]
@@ -179,5 +184,26 @@ mod tests {
         assert_eq!(run(&["--worker-threads", "4"]).unwrap().worker_threads, 4);
         let err = run(&["--worker-threads", "0"]).unwrap_err().to_string();
         assert!(err.contains("--worker-threads"), "{err}");
+    }
+
+    #[test]
+    fn consumable_shares_take_nvidias_values_and_default_to_disabled() {
+        let mode = |extra: &[&str]| run(extra).map(|a| a.device.consumable_shares);
+        assert_eq!(mode(&[]).unwrap(), ConsumableShares::Disabled);
+        assert_eq!(
+            mode(&["--consumable-shares", "memory"]).unwrap(),
+            ConsumableShares::Memory
+        );
+        assert_eq!(
+            mode(&["--consumable-shares", "8"]).unwrap(),
+            ConsumableShares::Shares(8)
+        );
+        let err = mode(&["--consumable-shares", "half"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("must be 'disabled', 'memory', 'unlimited', or a positive integer"),
+            "{err}"
+        );
     }
 }

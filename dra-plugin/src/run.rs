@@ -70,9 +70,9 @@ pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
         let inv = backend.discover()?;
         debug!(backend = backend.kind(), node = %args.device.node_name, gpus = inv.gpus.len(), "discovered devices");
         let mut contents = build_pool(&inv, &opts, &TaintMap::new());
-        if gates.enabled("ConsumableShares") {
-            enable_consumable_shares(&mut contents);
-        }
+        let shares = args.device.consumable_shares;
+        shares.check_gate(&gates).map_err(anyhow::Error::msg)?;
+        enable_consumable_shares(&mut contents, shares);
         contents
     };
     let slices = to_resource_slices(contents, &opts, 1, None);
@@ -154,6 +154,9 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         return run_compute_domain(args, shutdown).await;
     }
     let gates = crate::gates::load(&dev.feature_gates, Component::GpuPlugin)?;
+    // As NVIDIA's plugin: a sharing mode without its gate stops the start.
+    let shares = dev.consumable_shares;
+    shares.check_gate(&gates).map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(Metrics::new());
     let backend = build_backend(dev, Some(args.plugin_dir.join("simulated-health-events")))?;
     info!(backend = backend.kind(), node = %dev.node_name, gates = %gates, "starting");
@@ -292,7 +295,6 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             None => true,
         },
     };
-    let consumable = gates.enabled("ConsumableShares");
     let opts_for_pool = opts.clone();
     let state_for_pool = state.clone();
     // The node's slice contents, with taints from health and, when enabled, consumable capacity.
@@ -305,9 +307,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         if vfio_on {
             passthrough::add_to_pool(&mut contents, &inventory, &state_for_pool);
         }
-        if consumable {
-            enable_consumable_shares(&mut contents);
-        }
+        enable_consumable_shares(&mut contents, shares);
         contents
     };
     let untainted = pool(&|_| TaintMap::new());

@@ -236,8 +236,8 @@ async fn sh2_mps_claim_gets_a_daemon_and_cdi_edits() -> Result<()> {
     env.teardown().await
 }
 
-/// Consumable capacity: with `ConsumableShares` the plugin publishes shareable GPUs; two pods
-/// take 40Gi each of one 80Gi A100 and a third one does not fit.
+/// Consumable capacity: with `ConsumableShares` and `--consumable-shares memory` the plugin
+/// publishes shareable GPUs; two pods take 40Gi each of one 80Gi A100 and a third does not fit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sh3_consumable_capacity_shares_one_gpu_by_memory() -> Result<()> {
     let mut env = env_or_skip!("sh3_consumable_capacity_shares_one_gpu_by_memory");
@@ -250,6 +250,9 @@ async fn sh3_consumable_capacity_shares_one_gpu_by_memory() -> Result<()> {
             "a100-80gb:1",
             "--feature-gates",
             "ConsumableShares=true",
+            // As NVIDIA v0.5: the gate alone shares nothing; the mode comes with it.
+            "--consumable-shares",
+            "memory",
         ],
     )
     .await?;

@@ -66,14 +66,29 @@ pub fn gpu_device_name(minor: u32) -> String {
     format!("gpu-{minor}")
 }
 
-/// `gpu-<minor>-mig-<profile without dots>-<giProfileId>-<placementStart>`, NVIDIA's naming.
+/// `gpu-<minor>-mig-<profile>-<giProfileId>-<placementStart>`, NVIDIA's naming: the profile
+/// without dots, then made RFC 1123-like, so `1g.10gb+me` gives `1g10gb-me` and `1g.24gb+me.all`
+/// gives `1g24gb-meall` (`+me` and `-me` look alike; the profile ID keeps them apart).
 pub fn mig_device_name(parent_minor: u32, profile: &str, gi_profile_id: u32, start: u32) -> String {
-    let profile: String = profile
-        .chars()
-        .filter(|c| c.is_ascii_alphanumeric())
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
+    let profile = rfc1123_like(&profile.replace('.', ""));
     format!("gpu-{parent_minor}-mig-{profile}-{gi_profile_id}-{start}")
+}
+
+/// Lowercase; anything but `[a-z0-9.-]` becomes `-`; no leading or trailing `-`, no trailing `.`;
+/// at most 253 characters. NVIDIA's `toRFC1123Compliant`, which names devices and counter sets.
+pub fn rfc1123_like(name: &str) -> String {
+    let mapped: String = name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| match c {
+            'a'..='z' | '0'..='9' | '-' | '.' => c,
+            _ => '-',
+        })
+        .collect();
+    let trimmed = mapped.trim_matches('-');
+    let mut out = trimmed.strip_suffix('.').unwrap_or(trimmed).to_string();
+    out.truncate(253);
+    out
 }
 
 /// A published device name, parsed back.
@@ -151,8 +166,23 @@ mod tests {
 
     #[test]
     fn mig_names_follow_nvidia_and_parse_back() {
+        // NVIDIA cmd/gpu-kubelet-plugin/mig.go: ToCanonicalName, toRFC1123Compliant.
         let n = mig_device_name(0, "1g.10gb+me", 20, 3);
-        assert_eq!(n, "gpu-0-mig-1g10gbme-20-3");
+        assert_eq!(n, "gpu-0-mig-1g10gb-me-20-3");
+        assert_eq!(
+            mig_device_name(1, "1g.24gb+me.all", 65, 0),
+            "gpu-1-mig-1g24gb-meall-65-0"
+        );
+        assert_eq!(
+            mig_device_name(0, "1g.24gb-me", 67, 2),
+            "gpu-0-mig-1g24gb-me-67-2"
+        );
+        assert_eq!(
+            mig_device_name(0, "4g.96gb+gfx", 32, 0),
+            "gpu-0-mig-4g96gb-gfx-32-0"
+        );
+        assert_eq!(mig_device_name(0, "3g.40gb", 9, 4), "gpu-0-mig-3g40gb-9-4");
+        assert_eq!(rfc1123_like("-A_b.c-."), "a-b.c-");
         assert_eq!(
             parse_device_name(&n),
             Some(DeviceRef::Mig {

@@ -53,6 +53,61 @@ pub struct MigProfile {
     pub inferred: Vec<String>,
 }
 
+/// The media engines a GPU instance owns. They are physical: the instances on one GPU share the
+/// GPU's set, which NVIDIA's counters (and so the scheduler) take to be the most any one profile
+/// has. `+me` profiles take the single OFA engine; `+me.all` takes every decoder and encoder.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MediaEngines {
+    pub decoders: u32,
+    pub encoders: u32,
+    pub jpeg_engines: u32,
+    pub ofa_engines: u32,
+}
+
+impl MediaEngines {
+    pub fn of(p: &MigProfile) -> Self {
+        MediaEngines {
+            decoders: p.decoders,
+            encoders: p.encoders,
+            jpeg_engines: p.jpeg_engines,
+            ofa_engines: p.ofa_engines,
+        }
+    }
+
+    /// What a GPU with these profiles has: per engine, the most any profile owns.
+    pub fn of_gpu(profiles: &[MigProfile]) -> Self {
+        profiles
+            .iter()
+            .map(Self::of)
+            .fold(Self::default(), |a, b| a.zip(b, u32::max))
+    }
+
+    pub fn plus(self, other: Self) -> Self {
+        self.zip(other, u32::saturating_add)
+    }
+
+    /// The first engine of which `self` needs more than `have`, by its counter name.
+    pub fn short_of(self, have: Self) -> Option<&'static str> {
+        [
+            (self.decoders > have.decoders, "decoders"),
+            (self.encoders > have.encoders, "encoders"),
+            (self.jpeg_engines > have.jpeg_engines, "jpeg-engines"),
+            (self.ofa_engines > have.ofa_engines, "ofa-engines"),
+        ]
+        .into_iter()
+        .find_map(|(short, name)| short.then_some(name))
+    }
+
+    fn zip(self, o: Self, f: fn(u32, u32) -> u32) -> Self {
+        MediaEngines {
+            decoders: f(self.decoders, o.decoders),
+            encoders: f(self.encoders, o.encoders),
+            jpeg_engines: f(self.jpeg_engines, o.jpeg_engines),
+            ofa_engines: f(self.ofa_engines, o.ofa_engines),
+        }
+    }
+}
+
 #[derive(Deserialize)]
 struct Catalog {
     gpus: Vec<GpuModel>,
@@ -154,6 +209,23 @@ mod tests {
         );
         let err = lookup("h900").unwrap_err().to_string();
         assert!(err.contains("h900") && err.contains("h100-80gb"), "{err}");
+    }
+
+    #[test]
+    fn media_engines_are_shared_by_the_instances_of_a_gpu() {
+        let rtx = lookup("rtx-pro-6000").unwrap();
+        let gpu = MediaEngines::of_gpu(&rtx.profiles);
+        assert_eq!((gpu.decoders, gpu.encoders, gpu.ofa_engines), (4, 4, 1));
+        let all = MediaEngines::of(rtx.profile("1g.24gb+me.all").unwrap());
+        let plain = MediaEngines::of(rtx.profile("1g.24gb").unwrap());
+        let none = MediaEngines::of(rtx.profile("1g.24gb-me").unwrap());
+        assert_eq!(all.short_of(gpu), None);
+        assert_eq!(all.plus(plain).short_of(gpu), Some("decoders"));
+        assert_eq!(all.plus(none).short_of(gpu), None);
+        let h100 = lookup("h100-80gb").unwrap();
+        let me = MediaEngines::of(h100.profile("1g.10gb+me").unwrap());
+        let h100_gpu = MediaEngines::of_gpu(&h100.profiles);
+        assert_eq!(me.plus(me).short_of(h100_gpu), Some("ofa-engines"));
     }
 
     #[test]

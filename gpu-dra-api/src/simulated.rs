@@ -3,7 +3,7 @@ use serde::Deserialize;
 use uuid::Uuid;
 
 use crate::inventory::{Gpu, Inventory, MigDevice, MigInfo};
-use crate::profiles::{self, GpuModel, MigProfile};
+use crate::profiles::{self, GpuModel, MediaEngines, MigProfile};
 use crate::{Error, Result};
 
 pub const SIM_DRIVER_VERSION: &str = "580.105.08";
@@ -226,7 +226,7 @@ pub fn plan_layout<'m>(model: &'m GpuModel, layout: &str) -> Result<Vec<(&'m Mig
     // Largest first keeps the search short; the result is sorted by placement afterwards.
     wanted.sort_by_key(|p| std::cmp::Reverse((p.memory_slices, p.compute_slices)));
     let mut chosen = Vec::new();
-    if !place(model, &wanted, 0, 0, &mut chosen) {
+    if !place(model, &wanted, Used::default(), &mut chosen) {
         return Err(bad(
             "the profiles do not fit on one GPU at the same time".into()
         ));
@@ -235,17 +235,32 @@ pub fn plan_layout<'m>(model: &'m GpuModel, layout: &str) -> Result<Vec<(&'m Mig
     Ok(chosen)
 }
 
+/// What the instances placed so far take: memory slices (a bit mask), compute slices and media
+/// engines.
+#[derive(Default, Clone, Copy)]
+struct Used {
+    mem: u64,
+    compute: u32,
+    media: MediaEngines,
+}
+
 fn place<'m>(
     model: &GpuModel,
     wanted: &[&'m MigProfile],
-    used_mem: u64,
-    used_compute: u32,
+    used: Used,
     chosen: &mut Vec<(&'m MigProfile, u32)>,
 ) -> bool {
     let Some((first, rest)) = wanted.split_first() else {
         return true;
     };
-    if used_compute + first.compute_slices > model.compute_slices {
+    if used.compute + first.compute_slices > model.compute_slices {
+        return false;
+    }
+    let media = used.media.plus(MediaEngines::of(first));
+    if media
+        .short_of(MediaEngines::of_gpu(&model.profiles))
+        .is_some()
+    {
         return false;
     }
     let count_same = chosen.iter().filter(|(p, _)| p.name == first.name).count();
@@ -254,17 +269,16 @@ fn place<'m>(
     }
     for [start, size] in &first.placements {
         let mask = ((1u64 << size) - 1) << start;
-        if used_mem & mask != 0 {
+        if used.mem & mask != 0 {
             continue;
         }
         chosen.push((first, *start));
-        if place(
-            model,
-            rest,
-            used_mem | mask,
-            used_compute + first.compute_slices,
-            chosen,
-        ) {
+        let next = Used {
+            mem: used.mem | mask,
+            compute: used.compute + first.compute_slices,
+            media,
+        };
+        if place(model, rest, next, chosen) {
             return true;
         }
         chosen.pop();
@@ -309,6 +323,21 @@ mod tests {
         assert!(e.contains("do not fit"), "{e}");
         let e = plan_layout(m, "9g.1tb").unwrap_err().to_string();
         assert!(e.contains("9g.1tb") && e.contains("3g.40gb"), "{e}");
+    }
+
+    #[test]
+    fn layouts_share_the_media_engines() {
+        // +me.all owns all four decoders and encoders; -me instances own none.
+        let rtx = profiles::lookup("rtx-pro-6000").unwrap();
+        assert!(plan_layout(rtx, "1g.24gb+me.all,1g.24gb").is_err());
+        assert_eq!(
+            names("rtx-pro-6000", "1g.24gb+me.all,1g.24gb-me,2g.48gb-me").len(),
+            3
+        );
+        // One OFA engine: two +me instances never fit, one +me and plain 1g do.
+        let h100 = profiles::lookup("h100-80gb").unwrap();
+        assert!(plan_layout(h100, "1g.10gb+me,1g.10gb+me").is_err());
+        assert_eq!(names("h100-80gb", "1g.10gb+me,1g.10gb,3g.40gb").len(), 3);
     }
 
     #[test]

@@ -2,9 +2,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
-    CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
-    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint, ResourcePool,
-    ResourceSlice, ResourceSliceSpec,
+    CounterSet, Device, DeviceAttribute, DeviceCapacity, DeviceTaint, ResourcePool, ResourceSlice,
+    ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
@@ -115,36 +114,6 @@ pub fn build_pool(inv: &Inventory, opts: &SliceOptions, taints: &TaintMap) -> Ve
         slices.push(SliceContent::default());
     }
     slices
-}
-
-/// Consumable shares (feature gate `ConsumableShares`): every GPU and MIG device may be
-/// allocated to several claims at once (`allowMultipleAllocations`), each taking part of its
-/// `memory` through a request policy (steps of 1Mi, up to the memory rounded down to 1Mi; a
-/// request that names no memory takes 0). The scheduler does the memory accounting; prepare
-/// only checks that the sharing claims configure the device equally.
-///
-/// Applied to built slice contents so the fields of [`SliceOptions`] stay as they are.
-pub fn enable_consumable_shares(contents: &mut [SliceContent]) {
-    const MI: u64 = 1 << 20;
-    for d in contents.iter_mut().flat_map(|c| c.devices.iter_mut()) {
-        let Some(memory) = d.capacity.as_mut().and_then(|c| c.get_mut("memory")) else {
-            continue;
-        };
-        let Ok(total) = crate::quantity::parse_int(&memory.value.0) else {
-            continue;
-        };
-        let max = (u64::try_from(total).unwrap_or(u64::MAX) / MI) * MI;
-        memory.request_policy = Some(CapacityRequestPolicy {
-            default: Some(Quantity("0".into())),
-            valid_range: Some(CapacityRequestPolicyRange {
-                min: Quantity("0".into()),
-                max: Some(bytes(max)),
-                step: Some(Quantity("1Mi".into())),
-            }),
-            valid_values: None,
-        });
-        d.allow_multiple_allocations = Some(true);
-    }
 }
 
 fn device_limit(devices: &[Device], counters: bool) -> usize {
@@ -309,11 +278,6 @@ fn mig_attributes(gpu: &Gpu, p: &MigProfile) -> BTreeMap<String, DeviceAttribute
     a
 }
 
-/// Name of the per-GPU counter set for dynamic MIG.
-pub fn counter_set_name(minor: u32) -> String {
-    format!("gpu-{minor}-counter-set")
-}
-
 fn gpu_devices(gpu: &Gpu, opts: &SliceOptions) -> (Vec<Device>, Option<CounterSet>) {
     let whole = || {
         let mut attributes = common_attributes(gpu);
@@ -332,47 +296,10 @@ fn gpu_devices(gpu: &Gpu, opts: &SliceOptions) -> (Vec<Device>, Option<CounterSe
             ..Default::default()
         }
     };
+    if opts.dynamic_mig {
+        return partitions::partitioned_devices(gpu, whole());
+    }
     match &gpu.mig {
-        Some(mig) if opts.dynamic_mig => {
-            let set = counter_set_name(gpu.minor);
-            let totals = dynamic_mig_counters(gpu);
-            let mut full = whole();
-            full.consumes_counters = Some(vec![DeviceCounterConsumption {
-                counter_set: set.clone(),
-                counters: totals.clone(),
-                ..Default::default()
-            }]);
-            let mut devices = vec![full];
-            for p in &mig.profiles {
-                for [start, size] in &p.placements {
-                    let mut used = profile_counters(p);
-                    for slice in *start..start + size {
-                        used.insert(
-                            format!("memory-slice-{slice}"),
-                            Counter { value: quantity(1) },
-                        );
-                    }
-                    devices.push(Device {
-                        name: mig_device_name(gpu.minor, &p.name, p.gi_profile_id, *start),
-                        attributes: Some(mig_attributes(gpu, p)),
-                        capacity: Some(mig_capacity(p)),
-                        consumes_counters: Some(vec![DeviceCounterConsumption {
-                            counter_set: set.clone(),
-                            counters: used,
-                            ..Default::default()
-                        }]),
-                        ..Default::default()
-                    });
-                }
-            }
-            (
-                devices,
-                Some(CounterSet {
-                    name: set,
-                    counters: totals,
-                }),
-            )
-        }
         Some(mig) if mig.enabled => {
             let devices = mig
                 .devices
@@ -413,67 +340,10 @@ fn gpu_devices(gpu: &Gpu, opts: &SliceOptions) -> (Vec<Device>, Option<CounterSe
     }
 }
 
-fn profile_counters(p: &MigProfile) -> BTreeMap<String, Counter> {
-    let c = |n: u64| Counter { value: quantity(n) };
-    BTreeMap::from([
-        ("multiprocessors".into(), c(p.multiprocessors.into())),
-        ("copy-engines".into(), c(p.copy_engines.into())),
-        ("decoders".into(), c(p.decoders.into())),
-        ("encoders".into(), c(p.encoders.into())),
-        ("jpeg-engines".into(), c(p.jpeg_engines.into())),
-        ("ofa-engines".into(), c(p.ofa_engines.into())),
-        (
-            "memory".into(),
-            Counter {
-                value: bytes(p.memory_mib << 20),
-            },
-        ),
-    ])
-}
-
-/// What one GPU can hand out: enough of every engine for any valid MIG layout (the memory slices
-/// are what really keeps placements apart), and exactly its memory and slices.
-fn dynamic_mig_counters(gpu: &Gpu) -> BTreeMap<String, Counter> {
-    let mig = gpu.mig.as_ref().expect("called for MIG-capable GPUs");
-    let most = |f: fn(&MigProfile) -> u64| -> u64 {
-        mig.profiles
-            .iter()
-            .map(|p| {
-                let placements = u32::try_from(p.placements.len()).unwrap_or(u32::MAX);
-                f(p) * u64::from(p.max_instances.min(placements))
-            })
-            .max()
-            .unwrap_or(0)
-    };
-    let c = |n: u64| Counter { value: quantity(n) };
-    let mut totals = BTreeMap::from([
-        (
-            "multiprocessors".to_string(),
-            c(u64::from(gpu.multiprocessors).max(most(|p| u64::from(p.multiprocessors)))),
-        ),
-        (
-            "copy-engines".into(),
-            c(most(|p| u64::from(p.copy_engines))),
-        ),
-        ("decoders".into(), c(most(|p| u64::from(p.decoders)))),
-        ("encoders".into(), c(most(|p| u64::from(p.encoders)))),
-        (
-            "jpeg-engines".into(),
-            c(most(|p| u64::from(p.jpeg_engines))),
-        ),
-        ("ofa-engines".into(), c(most(|p| u64::from(p.ofa_engines)))),
-        (
-            "memory".into(),
-            Counter {
-                value: bytes(gpu.memory_bytes.max(most(|p| p.memory_mib) << 20)),
-            },
-        ),
-    ]);
-    for slice in 0..mig.memory_slices {
-        totals.insert(format!("memory-slice-{slice}"), c(1));
-    }
-    totals
-}
+mod partitions;
+mod shares;
+pub use partitions::counter_set_name;
+pub use shares::{CONSUMABLE_SHARES_ENV, ConsumableShares, enable_consumable_shares};
 
 #[cfg(test)]
 mod tests;

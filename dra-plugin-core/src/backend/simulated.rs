@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use gpu_dra_api::config::TimeSliceInterval;
 
-use gpu_dra_api::inventory::{Inventory, MigDevice};
+use gpu_dra_api::inventory::{Inventory, MigDevice, MigInfo};
+use gpu_dra_api::profiles::{MediaEngines, MigProfile};
 use gpu_dra_api::simulated::{GpuGroup, sim_mig_uuid, simulate_node};
 
 use super::{ComputeMode, DeviceBackend, HealthEvent, HealthEventKind};
@@ -114,6 +115,30 @@ impl SimulatedBackend {
     }
 }
 
+/// Media engines are physical and shared by the GPU's instances: `+me` takes the one OFA engine,
+/// `+me.all` every decoder and encoder. Refuses an instance the remaining engines cannot serve.
+fn check_media_engines(mig: &MigInfo, profile: &MigProfile) -> Result<(), Error> {
+    let used = mig
+        .devices
+        .iter()
+        .filter_map(|d| {
+            mig.profiles
+                .iter()
+                .find(|p| p.gi_profile_id == d.gi_profile_id)
+        })
+        .fold(MediaEngines::default(), |sum, p| {
+            sum.plus(MediaEngines::of(p))
+        });
+    let have = MediaEngines::of_gpu(&mig.profiles);
+    match used.plus(MediaEngines::of(profile)).short_of(have) {
+        None => Ok(()),
+        Some(engine) => Err(Error::Device(format!(
+            "insufficient resources: {} needs {engine} that the GPU's other MIG devices hold",
+            profile.name
+        ))),
+    }
+}
+
 /// `gpu-<minor> xid <code>` | `gpu-<minor> ecc` | `gpu-<minor> lost` | `gpu-<minor> unmonitored` |
 /// `gpu-<minor> healthy`.
 pub fn parse_health_line(line: &str) -> Option<HealthEvent> {
@@ -198,6 +223,7 @@ impl DeviceBackend for SimulatedBackend {
                 clash.profile, clash.placement_start
             )));
         }
+        check_media_engines(mig, profile)?;
         let same = mig
             .devices
             .iter()
@@ -418,13 +444,27 @@ mod tests {
     }
 
     #[test]
+    fn mig_create_shares_the_media_engines() {
+        let b =
+            SimulatedBackend::new("n", &[GpuGroup::parse("rtx-pro-6000").unwrap()], None).unwrap();
+        // RTX PRO 6000: 1g.24gb+me.all (GI 65) owns all 4 decoders; 1g.24gb (14) needs one,
+        // 1g.24gb-me (67) none.
+        b.create_mig(0, 65, 0).unwrap();
+        let e = b.create_mig(0, 14, 1).unwrap_err().to_string();
+        assert!(e.contains("decoders"), "{e}");
+        b.create_mig(0, 67, 1).unwrap();
+        b.destroy_mig(0, 65, 0).unwrap();
+        b.create_mig(0, 14, 0).unwrap();
+    }
+
+    #[test]
     fn mig_create_enforces_instance_and_compute_limits_like_the_hardware() {
         let b =
             SimulatedBackend::new("n", &[GpuGroup::parse("h100-80gb:1").unwrap()], None).unwrap();
-        // 1g.10gb+me (GI profile 20) allows one instance per GPU.
+        // 1g.10gb+me (GI profile 20) takes the GPU's one OFA engine.
         b.create_mig(0, 20, 0).unwrap();
         let e = b.create_mig(0, 20, 1).unwrap_err().to_string();
-        assert!(e.contains("allows 1 instances"), "{e}");
+        assert!(e.contains("ofa-engines"), "{e}");
         b.create_mig(0, 14, 2).unwrap(); // 2g.20gb: 3 of 7 compute slices used
         b.create_mig(0, 9, 4).unwrap(); // 3g.40gb: 6 of 7
         // 1g.10gb at 1 fits the memory slices but needs a 7th compute slice: fine; a second does not.

@@ -310,6 +310,7 @@ pub fn run(args: MockRootArgs) -> anyhow::Result<()> {
         feature_gates: String::new(),
         backend: Backend::Simulated,
         hardware: args.hardware.clone(),
+        consumable_shares: Default::default(),
         mig_layout: args.mig_layout.clone(),
         driver_root: None,
     };
