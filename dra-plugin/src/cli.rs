@@ -71,10 +71,43 @@ pub struct DeviceArgs {
     /// Root of the NVIDIA driver installation (e.g. `/run/nvidia/driver` for operator-managed drivers).
     #[arg(long, env = "NVIDIA_DRIVER_ROOT")]
     pub driver_root: Option<PathBuf>,
+    #[command(flatten)]
+    pub host: HostRoots,
     /// Consumable shares, with the ConsumableShares gate: `disabled`, `memory`, `unlimited`, or a
     /// positive number of shares per device (NVIDIA's flag, variable and values).
     #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
     pub consumable_shares: ConsumableShares,
+}
+
+/// The host's sysfs and device nodes, for a container that mounts them elsewhere.
+#[derive(Args, Debug, Clone)]
+pub struct HostRoots {
+    /// The host's sysfs: each GPU's PCIe root and NUMA node (NVML backend), and with
+    /// PassthroughSupport the PCI bus where GPUs are bound to vfio-pci.
+    #[arg(
+        long = "host-sysfs-root",
+        env = "HOST_SYSFS_ROOT",
+        value_name = "DIR",
+        default_value = "/sys"
+    )]
+    pub sysfs: PathBuf,
+    /// The host's /dev: with PassthroughSupport, whether `/dev/iommu` (iommufd) exists.
+    #[arg(
+        long = "host-dev-root",
+        env = "HOST_DEV_ROOT",
+        value_name = "DIR",
+        default_value = "/dev"
+    )]
+    pub dev: PathBuf,
+}
+
+impl Default for HostRoots {
+    fn default() -> Self {
+        HostRoots {
+            sysfs: PathBuf::from("/sys"),
+            dev: PathBuf::from("/dev"),
+        }
+    }
 }
 
 #[derive(Args, Debug)]
@@ -184,6 +217,19 @@ mod tests {
         assert_eq!(run(&["--worker-threads", "4"]).unwrap().worker_threads, 4);
         let err = run(&["--worker-threads", "0"]).unwrap_err().to_string();
         assert!(err.contains("--worker-threads"), "{err}");
+    }
+
+    #[test]
+    fn host_roots_come_from_flags() {
+        let a = run(&[
+            "--host-sysfs-root",
+            "/host/sys",
+            "--host-dev-root",
+            "/host/dev",
+        ])
+        .unwrap();
+        assert_eq!(a.device.host.sysfs, PathBuf::from("/host/sys"));
+        assert_eq!(a.device.host.dev, PathBuf::from("/host/dev"));
     }
 
     #[test]

@@ -70,6 +70,7 @@ pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
         let inv = backend.discover()?;
         debug!(backend = backend.kind(), node = %args.device.node_name, gpus = inv.gpus.len(), "discovered devices");
         let mut contents = build_pool(&inv, &opts, &TaintMap::new());
+        passthrough::add_unheld(&mut contents, inv, &gates, &args.device.host);
         let shares = args.device.consumable_shares;
         shares.check_gate(&gates).map_err(anyhow::Error::msg)?;
         enable_consumable_shares(&mut contents, shares);
@@ -183,7 +184,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         Checkpoint::load(&args.plugin_dir.join("checkpoint.json"), &boot_id)?;
     let cdi = CdiStore::new(&args.cdi_root);
     let mut inventory = discover(&backend, shutdown.clone()).await?;
-    let pci_bus = passthrough::pci_bus(&gates);
+    let pci_bus = passthrough::pci_bus(&gates, &dev.host);
     if let Some(bus) = &pci_bus {
         passthrough::fill_pci(&mut inventory, bus);
     }

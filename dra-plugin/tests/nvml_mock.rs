@@ -38,9 +38,11 @@ fn nvml(node: &MockNode) -> NvmlBackend {
 }
 
 /// MIG devices in placement order with GPU-instance IDs cleared: real GPUs number instances by
-/// their placement (the mock too), the simulated backend by creation.
+/// their placement (the mock too), the simulated backend by creation. PCI facts are cleared
+/// too: NVML has none, the plugin reads them from sysfs under PassthroughSupport.
 fn comparable(mut inv: Inventory) -> Inventory {
     for g in &mut inv.gpus {
+        g.pci = None;
         if let Some(m) = &mut g.mig {
             m.devices
                 .sort_by_key(|d| (d.placement_start, d.gi_profile_id));

@@ -116,7 +116,7 @@ pub const GATES: &[Gate] = &[
         stage: Stage::Alpha,
         origin: Origin::Driver,
         used_by: &[Gpu],
-        support: Support::NoEffect("no VFIO passthrough devices are published yet"),
+        support: Support::Implemented,
     },
     Gate {
         name: "DynamicMIG",

@@ -15,7 +15,7 @@ use crate::cli::{Backend, DeviceArgs};
 pub mod nvml;
 pub mod nvml_mock_root;
 
-use nvml::NvmlBackend;
+use nvml::{NvmlBackend, NvmlOptions};
 
 /// The device backend; `health_file` is where a simulated node takes injected health events.
 pub fn build_backend(
@@ -52,6 +52,9 @@ pub fn build_backend(
                 None => sim,
             })
         }
-        Backend::Nvml => Arc::new(NvmlBackend::new(args.driver_root.clone())?),
+        Backend::Nvml => Arc::new(NvmlBackend::with_options(NvmlOptions {
+            sysfs_root: args.host.sysfs.clone(),
+            ..NvmlOptions::new(args.driver_root.clone())
+        })),
     })
 }

@@ -313,6 +313,7 @@ pub fn run(args: MockRootArgs) -> anyhow::Result<()> {
         consumable_shares: Default::default(),
         mig_layout: args.mig_layout.clone(),
         driver_root: None,
+        host: Default::default(),
     };
     let inv = crate::backend::build_backend(&device, None)?.discover()?;
     let out = std::path::absolute(&args.out)?;

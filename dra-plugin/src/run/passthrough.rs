@@ -1,6 +1,6 @@
 //! `PassthroughSupport` wiring: the PCI bus the core binds on, PCI facts for GPUs the backend
 //! found without them (NVML), and republishing when a claim takes a GPU as gpu or vfio.
-use std::path::PathBuf;
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use dra_plugin_core::state::DeviceState;
@@ -10,19 +10,13 @@ use gpu_dra_api::inventory::Inventory;
 use gpu_dra_api::slices::{SliceContent, add_passthrough_devices};
 use tokio::sync::watch;
 
-/// The host's sysfs and /dev roots: `HOST_SYSFS_ROOT` (as the NVML backend) and `HOST_DEV_ROOT`.
-pub(super) fn pci_bus(gates: &FeatureGates) -> Option<PciBus> {
-    let root = |var: &str, default: &str| {
-        std::env::var_os(var)
-            .map(PathBuf::from)
-            .unwrap_or_else(|| PathBuf::from(default))
-    };
-    gates.enabled("PassthroughSupport").then(|| {
-        PciBus::new(
-            root("HOST_SYSFS_ROOT", "/sys"),
-            root("HOST_DEV_ROOT", "/dev"),
-        )
-    })
+use crate::cli::HostRoots;
+
+/// The host's PCI bus under PassthroughSupport (`--host-sysfs-root`, `--host-dev-root`).
+pub(super) fn pci_bus(gates: &FeatureGates, host: &HostRoots) -> Option<PciBus> {
+    gates
+        .enabled("PassthroughSupport")
+        .then(|| PciBus::new(&host.sysfs, &host.dev))
 }
 
 /// Fills in what sysfs says about each GPU's PCI function; the node's iommufd support wins over
@@ -33,6 +27,19 @@ pub(super) fn fill_pci(inv: &mut Inventory, bus: &PciBus) {
             Some(p) => p.iommufd = bus.iommufd_enabled(),
             None => g.pci = bus.pci_function(&g.pci_bus_id),
         }
+    }
+}
+
+/// `dra-plugin slices`: the passthrough devices of a node where nothing is held.
+pub(super) fn add_unheld(
+    contents: &mut Vec<SliceContent>,
+    mut inv: Inventory,
+    gates: &FeatureGates,
+    host: &HostRoots,
+) {
+    if let Some(bus) = pci_bus(gates, host) {
+        fill_pci(&mut inv, &bus);
+        add_passthrough_devices(contents, &inv, &BTreeSet::new());
     }
 }
 

@@ -42,6 +42,7 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
             },
             mig_layout: layout.map(str::to_string),
             driver_root: None,
+            host: Default::default(),
             consumable_shares: Default::default(),
         },
         kubeconfig: None,
