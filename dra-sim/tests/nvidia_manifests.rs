@@ -17,6 +17,8 @@ const MODULE: &str = "sigs.k8s.io/dra-driver-nvidia-gpu@v0.5.0";
 enum Node {
     /// The embedded default: H100 80GB x8 with dynamic MIG.
     H100,
+    /// H100 80GB x8 with PassthroughSupport: a gpu-vfio device per GPU.
+    H100Vfio,
     /// A100 40GB x8, MIG off (gpu-test6 selects A100s by product name and index).
     A100,
     /// A100 40GB x8 with NVIDIA's quickstart `half-balanced` MIG layout on every GPU.
@@ -69,8 +71,7 @@ const fn case(file: &'static str, node: Node, expect: Expect) -> Case {
     }
 }
 
-const VFIO: &str =
-    "vfio.gpu.nvidia.com devices (VFIO passthrough) are not published by the simulated node yet";
+const VFIO: &str = "vfio.gpu.nvidia.com devices with fabric-manager partition attributes are not modelled by the simulated node";
 const SHARES: &str = "ConsumableShares: the simulated node publishes no allowMultipleAllocations devices yet, so pods get a GPU each instead of sharing one";
 const CHANNELS: &str = "compute-domain channel devices come from the compute-domain plugin on IMEX nodes; the simulated node has none";
 const INDEX: &str = "our GPU devices lack NVIDIA's `index` attribute (gpu-dra-api's slice builder), so the selector fails";
@@ -259,11 +260,8 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "demo/specs/quickstart/v1/gpu-test-vfiopci.yaml",
-            H100,
-            Pending {
-                why: VFIO,
-                now: &Unschedulable(""),
-            },
+            H100Vfio,
+            Pods(&[("gpu-test-vfio/pod1", &["vfio"])]),
         ),
         case(
             "demo/specs/quickstart/v1/gpu-test1.yaml",
@@ -550,6 +548,7 @@ fn simulate(dir: &Path, c: &Case, tmp: &Path) -> Result<(Outcome, Objects), Stri
     files.extend(c.with.iter().map(|f| render(dir, f, c.vars, tmp)));
     let (profile, layout, dynamic) = match c.node {
         Node::H100 => ("h100-80gb:8", None, true),
+        Node::H100Vfio => ("h100-80gb:8", None, false),
         Node::A100 => ("a100-40gb:8", None, false),
         Node::A100HalfBalanced => ("a100-40gb:8", Some("1g.5gb,1g.5gb,2g.10gb,3g.20gb"), false),
         Node::H100Nvl => ("h100-nvl:8", None, true),
@@ -559,6 +558,10 @@ fn simulate(dir: &Path, c: &Case, tmp: &Path) -> Result<(Outcome, Objects), Stri
         profile: vec![profile.into()],
         mig_layout: layout.map(String::from),
         dynamic_mig: dynamic,
+        feature_gates: match c.node {
+            Node::H100Vfio => "PassthroughSupport=true".into(),
+            _ => String::new(),
+        },
         ..Default::default()
     };
     let sc = build_scenario(&args, Objects::default(), vec![]).map_err(|e| e.to_string())?;
@@ -619,10 +622,11 @@ fn render(dir: &Path, file: &str, vars: &[(&str, &str)], tmp: &Path) -> PathBuf 
     out
 }
 
-/// `gpu-3` → `gpu`; `gpu-0-mig-1g10gb-19-0` → `mig-1g10gb`.
+/// `gpu-3` → `gpu`; `gpu-0-mig-1g10gb-19-0` → `mig-1g10gb`; `gpu-vfio-0` → `vfio`.
 fn kind_of(device: &str) -> String {
     match device.split_once("-mig-") {
         Some((_, rest)) => format!("mig-{}", rest.split('-').next().unwrap_or_default()),
+        None if device.starts_with("gpu-vfio-") => "vfio".into(),
         None => "gpu".into(),
     }
 }

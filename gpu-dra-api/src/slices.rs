@@ -15,7 +15,7 @@ use crate::profiles::MigProfile;
 use crate::simulated::{GpuGroup, simulate_node};
 
 mod vfio;
-pub use vfio::add_passthrough_devices;
+pub use vfio::{add_passthrough_devices, simulated_node_slices_with_passthrough};
 
 /// API limits on one slice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;

@@ -22,7 +22,7 @@ pub async fn eval(args: EvalArgs) -> Result<()> {
     let prog = crate::cel::compile(&args.selector).map_err(Error::Invalid)?;
     let mut objs = Objects::default();
     if !args.profile.is_empty() {
-        objs.slices = profile_slices(&args.profile, SIM_NODE, None, args.dynamic_mig)?;
+        objs.slices = profile_slices(&args.profile, SIM_NODE, None, args.dynamic_mig, false)?;
     } else if !args.slices.is_empty() {
         input::load_paths(&args.slices, &mut objs)?;
     } else {

@@ -110,6 +110,10 @@ pub struct SimulateArgs {
     /// With --profile: publish dynamic MIG placements with shared counters.
     #[arg(long)]
     pub dynamic_mig: bool,
+    /// With --profile: the node plugin's feature gates (NVIDIA's names); `PassthroughSupport=true`
+    /// adds a `gpu-vfio-<index>` device per GPU without MIG devices.
+    #[arg(long, default_value = "")]
+    pub feature_gates: String,
     /// With --profile, without --dynamic-mig: a static MIG layout (`all-1g.10gb`, `all-balanced`,
     /// or a list such as `3g.40gb,2g.20gb`).
     #[arg(long)]
@@ -139,9 +143,14 @@ fn profile_slices(
     node: &str,
     mig_layout: Option<&str>,
     dynamic_mig: bool,
+    passthrough: bool,
 ) -> Result<Vec<ResourceSlice>> {
     let p: Vec<&str> = profiles.iter().map(|s| s.as_str()).collect();
-    gpu_dra_api::slices::simulated_node_slices(node, &p, mig_layout, dynamic_mig)
+    let build = match passthrough {
+        true => gpu_dra_api::slices::simulated_node_slices_with_passthrough,
+        false => gpu_dra_api::slices::simulated_node_slices,
+    };
+    build(node, &p, mig_layout, dynamic_mig)
         .map_err(|e| Error::invalid(format!("--profile {}: {e}", profiles.join(","))))
 }
 
@@ -259,13 +268,23 @@ fn add_profile_slices(args: &SimulateArgs, objs: &mut Objects) -> Result<()> {
     if embedded_default {
         profiles.push(DEFAULT_PROFILE.to_string());
     }
+    let gates = gpu_dra_api::gates::FeatureGates::parse(&args.feature_gates)
+        .map_err(|e| Error::invalid(format!("--feature-gates: {e}")))?;
+    let passthrough = gates.enabled("PassthroughSupport");
     // the embedded default node has dynamic MIG, as `make run` shows
-    let dynamic = args.dynamic_mig || (embedded_default && args.mig_layout.is_none());
+    let dynamic = args.dynamic_mig
+        || gates.dynamic_mig()
+        || (embedded_default && args.mig_layout.is_none() && !passthrough);
     if !profiles.is_empty() {
         let node = args.node.clone().unwrap_or_else(|| SIM_NODE.to_string());
         let layout = args.mig_layout.as_deref();
-        objs.slices
-            .extend(profile_slices(&profiles, &node, layout, dynamic)?);
+        objs.slices.extend(profile_slices(
+            &profiles,
+            &node,
+            layout,
+            dynamic,
+            passthrough,
+        )?);
     }
     Ok(())
 }
