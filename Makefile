@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export GOTOOLCHAIN := local
 FILTER ?=
 
-.PHONY: run test unit e2e lint bench bench-plugin bench-sim slices build clean-e2e
+.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers slices build clean-e2e nvidia-manifests
 
 ## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
 ## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
@@ -42,6 +42,11 @@ bench-plugin:
 bench-sim:
 	set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10 | \
 	  python3 tools/perf-table.py docs/perf.md
+
+## Our kubelet plugin side by side with dra-example-driver v0.4.0 on one real control plane,
+## driven like the kubelet drives them (~6 min warm); method in docs/peers.md.
+bench-peers:
+	set -o pipefail; bash e2e/bench/peers.sh | python3 tools/perf-table.py docs/perf.md
 
 ## NVIDIA's own manifests (driver v0.5.0, from the Go module proxy) through the simulator.
 nvidia-manifests:

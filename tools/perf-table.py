@@ -1,27 +1,40 @@
 #!/usr/bin/env python3
-"""Keeps docs/perf.md, the one table of benchmark figures, up to date.
+"""Keeps docs/perf.md, the tables of benchmark figures, up to date.
 
 Reads a bench's output on stdin, echoes it, and takes every line of the form
-`perf|figure|goal|value` as a row: the row of the same figure in the table is replaced (others
-are kept), with this machine and today's date beside it.
+`perf|figure|goal|value` as a row of the first table, and every `peer|figure|ours|theirs|ratio|goal`
+as a row of the second (ours beside the peer plugins): the row of the same figure in its table is
+replaced (others are kept), with this machine and today's date beside it.
 
     cargo bench -p dra-plugin --bench prepare | python3 tools/perf-table.py docs/perf.md
 """
 import datetime
 import os
-import re
 import sys
 
 HEADER = """# Benchmark figures
 
-Written by the bench commands (`make bench`, `make bench-plugin`, `make bench-sim`) through
-`tools/perf-table.py`; a run replaces the rows of the figures it measured. A ratio beside the
-Go code is measured in the same run on the same machine.
+Written by the bench commands (`make bench`, `make bench-plugin`, `make bench-sim`,
+`make bench-peers`) through `tools/perf-table.py`; a run replaces the rows of the figures it
+measured. A ratio beside the Go code is measured in the same run on the same machine.
 
 | figure | goal | value | machine | date |
 |---|---|---|---|---|
 """
-ROW = re.compile(r"^\| (.+?) \| (.*?) \| (.*?) \| (.*?) \| (.*?) \|$")
+PEER_HEADER = """
+## Side by side with the peers
+
+Written by `make bench-peers` (`e2e/bench/peers.sh`; method, flags and what is not measured in
+[peers.md](peers.md)): our kubelet plugin and dra-example-driver v0.4.0, each on its own node of
+one real kube-apiserver, driven in the same minutes through the kubelet's gRPC client. Ratio is
+ours ÷ theirs; trust it over the absolute figures, which move with the machine's load.
+
+| figure | ours | theirs | ratio | goal | machine | date |
+|---|---|---|---|---|---|---|
+"""
+PEER_HEADING = "## Side by side with the peers"
+# Input lines: prefix -> (table, number of fields after the prefix).
+KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5)}
 
 
 def machine():
@@ -44,15 +57,43 @@ def machine():
 
 
 def read_rows(path):
-    rows = {}
+    """The rows of both tables, by figure: the peer table is the one after its heading."""
+    rows = {"main": {}, "peer": {}}
     if not os.path.exists(path):
         return rows
+    table = "main"
     with open(path, encoding="utf-8") as f:
         for line in f:
-            m = ROW.match(line.rstrip("\n"))
-            if m and m.group(1) not in ("figure", "---"):
-                rows[m.group(1)] = m.groups()
+            line = line.rstrip("\n")
+            if line == PEER_HEADING:
+                table = "peer"
+            if not (line.startswith("| ") and line.endswith(" |")):
+                continue
+            cells = tuple(c.strip() for c in line[2:-2].split(" | "))
+            if cells[0] not in ("figure", "---") and not cells[0].startswith("---"):
+                rows[table][cells[0]] = cells
     return rows
+
+
+def parse(line, here, today):
+    """(table, row) for a `perf|` or `peer|` line of the right length, else None."""
+    for prefix, (table, n) in KINDS.items():
+        if line.startswith(prefix):
+            parts = line.rstrip("\n").split("|")[1:]
+            if len(parts) == n:
+                return table, tuple(p.strip() for p in parts) + (here, today)
+    return None
+
+
+def write(path, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(HEADER)
+        for row in rows["main"].values():
+            f.write("| " + " | ".join(row) + " |\n")
+        if rows["peer"]:
+            f.write(PEER_HEADER)
+            for row in rows["peer"].values():
+                f.write("| " + " | ".join(row) + " |\n")
 
 
 def main():
@@ -64,16 +105,12 @@ def main():
     for line in sys.stdin:
         sys.stdout.write(line)
         sys.stdout.flush()
-        if line.startswith("perf|"):
-            parts = line.rstrip("\n").split("|")
-            if len(parts) == 4:
-                figure, goal, value = (p.strip().replace("|", "/") for p in parts[1:])
-                rows[figure] = (figure, goal, value, here, today)
-                seen += 1
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(HEADER)
-        for row in rows.values():
-            f.write("| " + " | ".join(row) + " |\n")
+        parsed = parse(line, here, today)
+        if parsed:
+            table, row = parsed
+            rows[table][row[0]] = row
+            seen += 1
+    write(path, rows)
     print(f"perf-table: {seen} figures written to {path}", file=sys.stderr)
 
 
