@@ -98,6 +98,26 @@ impl MediaEngines {
         .find_map(|(short, name)| short.then_some(name))
     }
 
+    /// Why `wanted` cannot be added next to instances of the `existing` GI profile ids on a GPU
+    /// with `profiles`: the engine it would lack, worded alike by every backend.
+    pub fn refusal(
+        profiles: &[MigProfile],
+        existing: impl IntoIterator<Item = u32>,
+        wanted: &MigProfile,
+    ) -> Option<String> {
+        let used = existing
+            .into_iter()
+            .filter_map(|id| profiles.iter().find(|p| p.gi_profile_id == id))
+            .fold(Self::default(), |sum, p| sum.plus(Self::of(p)));
+        let engine = used
+            .plus(Self::of(wanted))
+            .short_of(Self::of_gpu(profiles))?;
+        Some(format!(
+            "insufficient resources: {} needs {engine} that the GPU's other MIG devices hold",
+            wanted.name
+        ))
+    }
+
     fn zip(self, o: Self, f: fn(u32, u32) -> u32) -> Self {
         MediaEngines {
             decoders: f(self.decoders, o.decoders),

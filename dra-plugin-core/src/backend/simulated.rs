@@ -118,24 +118,10 @@ impl SimulatedBackend {
 /// Media engines are physical and shared by the GPU's instances: `+me` takes the one OFA engine,
 /// `+me.all` every decoder and encoder. Refuses an instance the remaining engines cannot serve.
 fn check_media_engines(mig: &MigInfo, profile: &MigProfile) -> Result<(), Error> {
-    let used = mig
-        .devices
-        .iter()
-        .filter_map(|d| {
-            mig.profiles
-                .iter()
-                .find(|p| p.gi_profile_id == d.gi_profile_id)
-        })
-        .fold(MediaEngines::default(), |sum, p| {
-            sum.plus(MediaEngines::of(p))
-        });
-    let have = MediaEngines::of_gpu(&mig.profiles);
-    match used.plus(MediaEngines::of(profile)).short_of(have) {
+    let existing = mig.devices.iter().map(|d| d.gi_profile_id);
+    match MediaEngines::refusal(&mig.profiles, existing, profile) {
         None => Ok(()),
-        Some(engine) => Err(Error::Device(format!(
-            "insufficient resources: {} needs {engine} that the GPU's other MIG devices hold",
-            profile.name
-        ))),
+        Some(why) => Err(Error::Device(why)),
     }
 }
 

@@ -1,7 +1,7 @@
 //! MIG changes: creating a GPU instance at a placement with its full-size compute instance,
 //! destroying it, and switching MIG mode on for the first instance and off after the last.
 use gpu_dra_api::inventory::MigDevice;
-use gpu_dra_api::profiles::{self, GpuModel, MigProfile};
+use gpu_dra_api::profiles::{self, GpuModel, MediaEngines, MigProfile};
 use nvml_wrapper_sys::bindings as sys;
 use tracing::{info, warn};
 
@@ -41,6 +41,11 @@ fn why_no_room(
             "insufficient resources: placement {start}+{size} overlaps {} at {}",
             c.profile, c.placement_start
         ));
+    }
+    let all: Vec<MigProfile> = profiles.iter().map(|p| p.profile.clone()).collect();
+    let existing_ids = existing.iter().map(|d| d.gi_profile_id);
+    if let Some(why) = MediaEngines::refusal(&all, existing_ids, profile) {
+        return Some(why);
     }
     let same = existing
         .iter()
