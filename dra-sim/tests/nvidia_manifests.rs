@@ -19,12 +19,14 @@ enum Node {
     H100,
     /// H100 80GB x8 with PassthroughSupport: a gpu-vfio device per GPU.
     H100Vfio,
-    /// A100 40GB x8, MIG off (gpu-test6 selects A100s by product name and index).
+    /// A100 40GB x8, MIG off (gpu-test6 selects A100s by product name and `index`).
     A100,
     /// A100 40GB x8 with NVIDIA's quickstart `half-balanced` MIG layout on every GPU.
     A100HalfBalanced,
     /// H100 NVL x8 with dynamic MIG (the `1g.12gb` profile).
     H100Nvl,
+    /// H100 80GB x8 with `ConsumableShares` and NVIDIA's `--consumable-shares` set to this.
+    H100Shares(&'static str),
 }
 
 /// What a file gives.
@@ -36,7 +38,7 @@ enum Expect {
     Refused(&'static str),
     /// Every pod scheduled; per pod the kinds of its devices (`gpu`, `mig-1g10gb`), sorted.
     Pods(&'static [(&'static str, &'static [&'static str])]),
-    /// Like `Pods`, and every pod gets the same devices (one shared claim).
+    /// Every pod gets the same single GPU (one shared claim, or consumable shares).
     Shared(&'static [&'static str]),
     /// Every pod stays Pending, the reason containing this text ("" for "does not fit").
     Unschedulable(&'static str),
@@ -72,9 +74,7 @@ const fn case(file: &'static str, node: Node, expect: Expect) -> Case {
 }
 
 const VFIO: &str = "vfio.gpu.nvidia.com devices with fabric-manager partition attributes are not modelled by the simulated node";
-const SHARES: &str = "ConsumableShares: the simulated node publishes no allowMultipleAllocations devices yet, so pods get a GPU each instead of sharing one";
 const CHANNELS: &str = "compute-domain channel devices come from the compute-domain plugin on IMEX nodes; the simulated node has none";
-const INDEX: &str = "our GPU devices lack NVIDIA's `index` attribute (gpu-dra-api's slice builder), so the selector fails";
 const ONE_GPU: &[&str] = &["gpu"];
 
 /// Every file of the module's demo/specs and tests/bats/specs, with NVIDIA's expected outcome.
@@ -86,40 +86,32 @@ fn cases() -> Vec<Case> {
             H100,
             NotManifest(""),
         ),
+        // each file's comment names the --consumable-shares mode it is written for
         case(
             "demo/specs/consumable-shares/integer-sharing.yaml",
-            H100,
-            Pending {
-                why: SHARES,
-                now: &Pods(&[
-                    ("gpu-share-integer/integer-sharing-0", ONE_GPU),
-                    ("gpu-share-integer/integer-sharing-1", ONE_GPU),
-                    ("gpu-share-integer/integer-sharing-2", ONE_GPU),
-                    ("gpu-share-integer/integer-sharing-3", ONE_GPU),
-                ]),
-            },
+            H100Shares("4"),
+            Shared(&[
+                "gpu-share-integer/integer-sharing-0",
+                "gpu-share-integer/integer-sharing-1",
+                "gpu-share-integer/integer-sharing-2",
+                "gpu-share-integer/integer-sharing-3",
+            ]),
         ),
         case(
             "demo/specs/consumable-shares/memory-sharing.yaml",
-            H100,
-            Pending {
-                why: SHARES,
-                now: &Pods(&[
-                    ("gpu-share-memory/memory-sharing-0", ONE_GPU),
-                    ("gpu-share-memory/memory-sharing-1", ONE_GPU),
-                ]),
-            },
+            H100Shares("memory"),
+            Shared(&[
+                "gpu-share-memory/memory-sharing-0",
+                "gpu-share-memory/memory-sharing-1",
+            ]),
         ),
         case(
             "demo/specs/consumable-shares/unlimited-sharing.yaml",
-            H100,
-            Pending {
-                why: SHARES,
-                now: &Pods(&[
-                    ("gpu-share-unlimited/unlimited-sharing-0", ONE_GPU),
-                    ("gpu-share-unlimited/unlimited-sharing-1", ONE_GPU),
-                ]),
-            },
+            H100Shares("unlimited"),
+            Shared(&[
+                "gpu-share-unlimited/unlimited-sharing-0",
+                "gpu-share-unlimited/unlimited-sharing-1",
+            ]),
         ),
         // `nvidia.com/gpu: 1` through gpu.nvidia.com's extendedResourceName (KEP-5004)
         case(
@@ -293,14 +285,12 @@ fn cases() -> Vec<Case> {
             H100,
             Pods(&[("gpu-test5/pod0", &["gpu", "gpu"])]),
         ),
-        // NVIDIA wants four A100s (index 0, 2, 4, 6), one per replica
+        // the file selects A100s by an `index` attribute that NVIDIA's v0.5 plugin does not
+        // publish (deviceinfo.go) either: the selector fails on both drivers
         case(
             "demo/specs/quickstart/v1/gpu-test6.yaml",
             A100,
-            Pending {
-                why: INDEX,
-                now: &Unschedulable("no such key: index"),
-            },
+            Unschedulable("no such key: index"),
         ),
         // imex.nvidia.com was the IMEX driver's class, replaced by ComputeDomains
         case(
@@ -348,14 +338,12 @@ fn cases() -> Vec<Case> {
             H100,
             Pods(&[("gpu-test5/pod0", &["gpu", "gpu"])]),
         ),
-        // NVIDIA wants four A100s (index 0, 2, 4, 6), one per replica
+        // the file selects A100s by an `index` attribute that NVIDIA's v0.5 plugin does not
+        // publish (deviceinfo.go) either: the selector fails on both drivers
         case(
             "demo/specs/quickstart/v1beta1/gpu-test6.yaml",
             A100,
-            Pending {
-                why: INDEX,
-                now: &Unschedulable("no such key: index"),
-            },
+            Unschedulable("no such key: index"),
         ),
         case(
             "demo/specs/quickstart/v1beta1/imex-test1.yaml",
@@ -403,24 +391,16 @@ fn cases() -> Vec<Case> {
             H100,
             Unschedulable(""),
         ),
+        // test_gpu_consumable_shares.bats installs with consumableShares=4 for both files
         case(
             "tests/bats/specs/gpu-consumable-shares-integer.yaml",
-            H100,
-            Pending {
-                why: SHARES,
-                now: &Unschedulable(""),
-            },
+            H100Shares("4"),
+            Shared(&["default/pod-share-integer-0", "default/pod-share-integer-1"]),
         ),
         case(
             "tests/bats/specs/gpu-consumable-shares-memory.yaml",
-            H100,
-            Pending {
-                why: SHARES,
-                now: &Pods(&[
-                    ("default/pod-share-memory-0", ONE_GPU),
-                    ("default/pod-share-memory-1", ONE_GPU),
-                ]),
-            },
+            H100Shares("4"),
+            Shared(&["default/pod-share-memory-0", "default/pod-share-memory-1"]),
         ),
         case(
             "tests/bats/specs/gpu-cuda-busgrind.yaml",
@@ -552,6 +532,7 @@ fn simulate(dir: &Path, c: &Case, tmp: &Path) -> Result<(Outcome, Objects), Stri
         Node::A100 => ("a100-40gb:8", None, false),
         Node::A100HalfBalanced => ("a100-40gb:8", Some("1g.5gb,1g.5gb,2g.10gb,3g.20gb"), false),
         Node::H100Nvl => ("h100-nvl:8", None, true),
+        Node::H100Shares(_) => ("h100-80gb:8", None, false),
     };
     let args = SimulateArgs {
         files,
@@ -560,7 +541,12 @@ fn simulate(dir: &Path, c: &Case, tmp: &Path) -> Result<(Outcome, Objects), Stri
         dynamic_mig: dynamic,
         feature_gates: match c.node {
             Node::H100Vfio => "PassthroughSupport=true".into(),
+            Node::H100Shares(_) => "ConsumableShares=true".into(),
             _ => String::new(),
+        },
+        consumable_shares: match c.node {
+            Node::H100Shares(mode) => mode.parse().expect("a --consumable-shares value"),
+            _ => Default::default(),
         },
         ..Default::default()
     };

@@ -8,14 +8,14 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 
-use crate::Result;
 use crate::inventory::{Gpu, Inventory, gpu_device_name, mig_device_name, semver_of};
 use crate::names::GPU_DRIVER;
 use crate::profiles::MigProfile;
-use crate::simulated::{GpuGroup, simulate_node};
 
+mod node;
 mod vfio;
-pub use vfio::{add_passthrough_devices, simulated_node_slices_with_passthrough};
+pub use node::{SimulatedNode, simulated_node_slices};
+pub use vfio::add_passthrough_devices;
 
 /// API limits on one slice.
 pub const MAX_DEVICES_PER_SLICE: usize = 128;
@@ -165,31 +165,6 @@ pub fn to_resource_slices(
 /// Slice names sort in publishing order, which is the order the scheduler searches them.
 pub fn slice_name(node: &str, driver: &str, index: usize) -> String {
     format!("{node}-{driver}-{index:05x}")
-}
-
-/// The slices a simulated node would publish; the simulator and `dra-plugin slices` share this.
-pub fn simulated_node_slices(
-    node_name: &str,
-    profiles: &[&str],
-    mig_layout: Option<&str>,
-    dynamic_mig: bool,
-) -> Result<Vec<ResourceSlice>> {
-    let groups = profiles
-        .iter()
-        .map(|p| GpuGroup::parse(p))
-        .collect::<Result<Vec<_>>>()?;
-    let layout = if dynamic_mig { None } else { mig_layout };
-    let inv = simulate_node(node_name, &groups, layout)?;
-    let opts = SliceOptions {
-        dynamic_mig,
-        ..SliceOptions::new(node_name)
-    };
-    Ok(to_resource_slices(
-        build_pool(&inv, &opts, &TaintMap::new()),
-        &opts,
-        1,
-        None,
-    ))
 }
 
 fn string(s: &str) -> DeviceAttribute {

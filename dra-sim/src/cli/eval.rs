@@ -22,7 +22,12 @@ pub async fn eval(args: EvalArgs) -> Result<()> {
     let prog = crate::cel::compile(&args.selector).map_err(Error::Invalid)?;
     let mut objs = Objects::default();
     if !args.profile.is_empty() {
-        objs.slices = profile_slices(&args.profile, SIM_NODE, None, args.dynamic_mig, false)?;
+        let p: Vec<&str> = args.profile.iter().map(|s| s.as_str()).collect();
+        objs.slices =
+            gpu_dra_api::slices::simulated_node_slices(SIM_NODE, &p, None, args.dynamic_mig)
+                .map_err(|e| {
+                    Error::invalid(format!("--profile {}: {e}", args.profile.join(",")))
+                })?;
     } else if !args.slices.is_empty() {
         input::load_paths(&args.slices, &mut objs)?;
     } else {

@@ -114,6 +114,10 @@ pub struct SimulateArgs {
     /// adds a `gpu-vfio-<index>` device per GPU without MIG devices.
     #[arg(long, default_value = "")]
     pub feature_gates: String,
+    /// With --profile and `ConsumableShares=true`: NVIDIA's `--consumable-shares` mode
+    /// (`disabled`, `memory`, `unlimited` or a number of shares per device).
+    #[arg(long, default_value = "disabled")]
+    pub consumable_shares: gpu_dra_api::slices::ConsumableShares,
     /// With --profile, without --dynamic-mig: a static MIG layout (`all-1g.10gb`, `all-balanced`,
     /// or a list such as `3g.40gb,2g.20gb`).
     #[arg(long)]
@@ -136,22 +140,6 @@ impl SimulateArgs {
     pub fn inputs(&self) -> Vec<PathBuf> {
         self.files.iter().chain(&self.filename).cloned().collect()
     }
-}
-
-fn profile_slices(
-    profiles: &[String],
-    node: &str,
-    mig_layout: Option<&str>,
-    dynamic_mig: bool,
-    passthrough: bool,
-) -> Result<Vec<ResourceSlice>> {
-    let p: Vec<&str> = profiles.iter().map(|s| s.as_str()).collect();
-    let build = match passthrough {
-        true => gpu_dra_api::slices::simulated_node_slices_with_passthrough,
-        false => gpu_dra_api::slices::simulated_node_slices,
-    };
-    build(node, &p, mig_layout, dynamic_mig)
-        .map_err(|e| Error::invalid(format!("--profile {}: {e}", profiles.join(","))))
 }
 
 #[derive(Serialize, Debug)]
@@ -275,16 +263,24 @@ fn add_profile_slices(args: &SimulateArgs, objs: &mut Objects) -> Result<()> {
     let dynamic = args.dynamic_mig
         || gates.dynamic_mig()
         || (embedded_default && args.mig_layout.is_none() && !passthrough);
+    args.consumable_shares
+        .check_gate(&gates)
+        .map_err(Error::invalid)?;
     if !profiles.is_empty() {
         let node = args.node.clone().unwrap_or_else(|| SIM_NODE.to_string());
-        let layout = args.mig_layout.as_deref();
-        objs.slices.extend(profile_slices(
-            &profiles,
-            &node,
-            layout,
-            dynamic,
+        let p: Vec<&str> = profiles.iter().map(|s| s.as_str()).collect();
+        let sim = gpu_dra_api::slices::SimulatedNode {
+            name: &node,
+            profiles: &p,
+            mig_layout: args.mig_layout.as_deref(),
+            dynamic_mig: dynamic,
             passthrough,
-        )?);
+            consumable_shares: args.consumable_shares,
+        };
+        let slices = sim
+            .slices()
+            .map_err(|e| Error::invalid(format!("--profile {}: {e}", profiles.join(","))))?;
+        objs.slices.extend(slices);
     }
     Ok(())
 }

@@ -224,7 +224,6 @@ fn gates_without_effect_are_listed_for_the_binaries_they_matter_to() {
     assert_eq!(
         names(&g, Component::GpuPlugin),
         [
-            "PassthroughSupport",
             "DRAListTypeAttributes",
             "FabricManagerPartitioning",
             "ContextualLogging"
@@ -233,7 +232,7 @@ fn gates_without_effect_are_listed_for_the_binaries_they_matter_to() {
     let notice = &g.without_effect(Component::GpuPlugin)[0];
     let text = notice.to_string();
     assert!(
-        text.contains("PassthroughSupport=true") && text.contains("no effect here"),
+        text.contains("DRAListTypeAttributes=true") && text.contains("no effect here"),
         "{text}"
     );
     assert!(names(&g, Component::ComputeDomainPlugin).contains(&"HostManagedIMEXDaemon"));

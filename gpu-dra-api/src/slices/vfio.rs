@@ -6,16 +6,11 @@
 //! republish). Applied to built slice contents so [`super::SliceOptions`] stays as it is.
 use std::collections::{BTreeMap, BTreeSet};
 
-use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity, ResourceSlice};
+use k8s_openapi::api::resource::v1::{Device, DeviceAttribute, DeviceCapacity};
 
-use super::{
-    MAX_DEVICES_PER_SLICE, SliceContent, SliceOptions, TaintMap, build_pool, bytes, string,
-    to_resource_slices,
-};
+use super::{MAX_DEVICES_PER_SLICE, SliceContent, bytes, string};
 use crate::inventory::{Gpu, Inventory, gpu_device_name};
 use crate::passthrough::{offers_vfio, pci_id, vfio_device_name, vfio_gpus, vfio_uuid};
-use crate::simulated::{GpuGroup, simulate_node};
-use crate::{Error, Result};
 
 /// Adds a `gpu-vfio-<index>` device for every GPU without MIG devices. `held` names the devices
 /// prepared on this node right now: a held `gpu-<minor>` hides its passthrough sibling, a held
@@ -56,32 +51,6 @@ pub fn add_passthrough_devices(
             }),
         }
     }
-}
-
-/// [`super::simulated_node_slices`] with `PassthroughSupport`: the same slices plus a
-/// `gpu-vfio-<index>` device per GPU without MIG devices, as a node where nothing is held
-/// publishes them. NVIDIA's plugin refuses DynamicMIG with PassthroughSupport, and so does this.
-pub fn simulated_node_slices_with_passthrough(
-    node_name: &str,
-    profiles: &[&str],
-    mig_layout: Option<&str>,
-    dynamic_mig: bool,
-) -> Result<Vec<ResourceSlice>> {
-    if dynamic_mig {
-        return Err(Error::FeatureGates(
-            "feature gate DynamicMIG is currently mutually exclusive with PassthroughSupport"
-                .into(),
-        ));
-    }
-    let groups = profiles
-        .iter()
-        .map(|p| GpuGroup::parse(p))
-        .collect::<Result<Vec<_>>>()?;
-    let inv = simulate_node(node_name, &groups, mig_layout)?;
-    let opts = SliceOptions::new(node_name);
-    let mut contents = build_pool(&inv, &opts, &TaintMap::new());
-    add_passthrough_devices(&mut contents, &inv, &BTreeSet::new());
-    Ok(to_resource_slices(contents, &opts, 1, None))
 }
 
 fn vfio_device(name: &str, gpu: &Gpu) -> Device {
@@ -200,19 +169,6 @@ mod tests {
             names(&pool(None, &["gpu-vfio-1"])),
             ["gpu-0", "gpu-vfio-0", "gpu-vfio-1"]
         );
-    }
-
-    #[test]
-    fn a_simulated_node_publishes_vfio_devices_with_the_gate() {
-        let slices =
-            simulated_node_slices_with_passthrough("n", &["h100-80gb:2"], None, false).unwrap();
-        let names: Vec<&str> = slices
-            .iter()
-            .flat_map(|s| s.spec.devices.iter().flatten().map(|d| d.name.as_str()))
-            .collect();
-        assert_eq!(names, ["gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1"]);
-        let err = simulated_node_slices_with_passthrough("n", &["h100-80gb:2"], None, true);
-        assert!(err.unwrap_err().to_string().contains("DynamicMIG"));
     }
 
     #[test]
