@@ -22,6 +22,8 @@ pub enum Command {
     Eval(dra_sim::EvalArgs),
     /// Show which devices the scheduler would allocate to claims, or why it cannot.
     Simulate(dra_sim::SimulateArgs),
+    /// Plan a move off the device plugin: claims and changed workloads, placed on a node pool.
+    Plan(dra_sim::PlanArgs),
     /// Print the CRDs (GPUCluster, ComputeDomain) generated from the Rust types, as YAML.
     Crdgen,
 }
@@ -32,6 +34,7 @@ impl Cli {
             Command::Run(args) => crate::controller::run(args).await,
             Command::Eval(args) => Ok(dra_sim::eval(args).await?),
             Command::Simulate(args) => Ok(dra_sim::simulate(args).await?),
+            Command::Plan(args) => Ok(dra_sim::plan(args).await?),
             Command::Crdgen => crate::controller::crdgen(),
         }
     }

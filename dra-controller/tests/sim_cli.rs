@@ -153,3 +153,51 @@ fn a_misspelt_field_is_an_error_not_a_different_claim() {
         "stderr: {err}"
     );
 }
+
+#[test]
+fn plan_writes_manifests_to_stdout_and_the_report_to_stderr() {
+    let o = bin()
+        .args([
+            "plan",
+            "examples/plan/cluster-dump.yaml",
+            "--pool-selector",
+            "nvidia.com/gpu.present=true",
+            "--out",
+            "-",
+        ])
+        .output()
+        .expect("run dra-controller");
+    let (out, err) = text(&o);
+    // the 8-GPU Job of the example fits nowhere: the exit status says so
+    assert_eq!(o.status.code(), Some(1), "stdout: {out}\nstderr: {err}");
+    assert!(err.contains("9 of 10 pod(s) placed"), "stderr: {err}");
+    assert!(
+        err.contains("pod ml/big-train-0 (Job/big-train): unschedulable"),
+        "stderr: {err}"
+    );
+    assert!(
+        err.contains("1 of 10 pod(s) cannot be scheduled"),
+        "stderr: {err}"
+    );
+    assert_eq!(
+        out.matches("kind: ResourceClaimTemplate").count(),
+        6,
+        "{out}"
+    );
+    assert!(out.contains("resourceClaimTemplateName: web-gpu"), "{out}");
+    assert!(!out.contains("POOL"), "the report stays off stdout: {out}");
+}
+
+#[test]
+fn plan_needs_a_pool() {
+    let o = bin()
+        .args(["plan", "examples/plan/cluster-dump.yaml"])
+        .output()
+        .expect("run dra-controller");
+    let (_, err) = text(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("--pool-selector") && err.contains("--pool-nodes"),
+        "{err}"
+    );
+}

@@ -1,14 +1,16 @@
 //! The local simulator: the Kubernetes DRA CEL environment (`cel`), the scheduler's structured
-//! allocator (`alloc`), input loading (`input`), workloads and their pods (`workloads`) and the `eval` / `simulate` commands (`cli`), which
+//! allocator (`alloc`), input loading (`input`), workloads and their pods (`workloads`), the
+//! migration planner (`plan`) and the `eval` / `simulate` / `plan` commands (`cli`), which
 //! the `dra-controller` binary exposes as its subcommands of the same names.
 pub mod alloc;
 pub mod cel;
 pub mod cli;
 mod error;
 pub mod input;
+pub mod plan;
 pub mod workloads;
 
-pub use cli::{EvalArgs, SimulateArgs};
+pub use cli::{EvalArgs, PlanArgs, SimulateArgs};
 pub use error::{Error, Result};
 
 pub async fn eval(args: EvalArgs) -> Result<()> {
@@ -17,4 +19,8 @@ pub async fn eval(args: EvalArgs) -> Result<()> {
 
 pub async fn simulate(args: SimulateArgs) -> Result<()> {
     cli::simulate(args).await
+}
+
+pub async fn plan(args: PlanArgs) -> Result<()> {
+    cli::plan(args).await
 }

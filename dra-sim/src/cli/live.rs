@@ -7,21 +7,7 @@ pub async fn load(
     objs: &mut Objects,
     allocated: &mut Vec<ResourceClaim>,
 ) -> Result<()> {
-    let config = if path.is_empty() {
-        kube::Config::infer().await.map_err(Error::InferConfig)?
-    } else {
-        let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
-            what: format!("reading kubeconfig {path}"),
-            source,
-        })?;
-        kube::Config::from_custom_kubeconfig(kc, &Default::default())
-            .await
-            .map_err(|source| Error::Kubeconfig {
-                what: format!("kubeconfig {path}"),
-                source,
-            })?
-    };
-    let client = kube::Client::try_from(config)?;
+    let client = client(path).await?;
     let lp = ListParams::default();
     let slices: Api<ResourceSlice> = Api::all(client.clone());
     objs.slices.extend(
@@ -75,4 +61,23 @@ pub async fn load(
             .items,
     );
     Ok(())
+}
+
+/// A client from the kubeconfig at `path`, or (empty) the inferred configuration.
+pub async fn client(path: &str) -> Result<kube::Client> {
+    let config = if path.is_empty() {
+        kube::Config::infer().await.map_err(Error::InferConfig)?
+    } else {
+        let kc = kube::config::Kubeconfig::read_from(path).map_err(|source| Error::Kubeconfig {
+            what: format!("reading kubeconfig {path}"),
+            source,
+        })?;
+        kube::Config::from_custom_kubeconfig(kc, &Default::default())
+            .await
+            .map_err(|source| Error::Kubeconfig {
+                what: format!("kubeconfig {path}"),
+                source,
+            })?
+    };
+    Ok(kube::Client::try_from(config)?)
 }

@@ -1,6 +1,7 @@
-//! The `eval` and `simulate` commands (`dra-controller eval`, `dra-controller simulate`).
+//! The `eval`, `simulate` and `plan` commands (`dra-controller eval`, `simulate`, `plan`).
 mod eval;
 mod live;
+mod plan;
 mod table;
 
 use super::alloc::{AllocatedState, Allocator, SimNode, explain::StageCounts};
@@ -13,6 +14,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 pub use eval::eval;
+pub use plan::{PlanArgs, all_manifests, load_plan_input, plan, write_files};
 pub use table::{render_table, render_unsatisfiable};
 
 /// The DeviceClasses shipped in `deviceclasses/`, embedded so the default works from any cwd.

@@ -105,6 +105,7 @@ pub fn parse(kind: &str, json: &serde_json::Value, origin: &str) -> Result<Workl
         template.unwrap_or_default(),
         replicas,
         origin,
+        json,
     ))
 }
 
@@ -114,6 +115,7 @@ fn workload(
     template: PodTemplateSpec,
     replicas: Replicas,
     origin: &str,
+    source: &serde_json::Value,
 ) -> Workload {
     // a Pod with only `generateName` gets a name from the API server; a stand-in suffix here
     let name = meta
@@ -128,6 +130,7 @@ fn workload(
         origin: origin.to_string(),
         template,
         replicas,
+        source: source.clone(),
     }
 }
 

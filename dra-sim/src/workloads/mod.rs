@@ -25,6 +25,8 @@ pub struct Workload {
     pub origin: String,
     pub template: PodTemplateSpec,
     pub replicas: Replicas,
+    /// The object as read (JSON), for tools that write it back changed (`plan`).
+    pub source: serde_json::Value,
 }
 
 /// How many pods a workload makes.
