@@ -331,3 +331,38 @@ fn plugin_role_allows_claim_status_of_its_driver() {
     assert_eq!(driver["resourceNames"], json!(["gpu.nvidia.com"]));
     assert_eq!(driver["verbs"], json!(["associated-node:patch"]));
 }
+
+#[test]
+fn operator_shaped_specs_render_with_per_flavour_health_ports_and_the_pod_security_context() {
+    // The operator's CRD lets a kubeletPlugin omit healthcheck or its port.
+    let ds = daemonset(json!({
+        "draDriver": {
+            "imagePullPolicy": "Always",
+            "gpus": { "kubeletPlugin": { "env": [] } },
+            "computeDomains": { "enabled": true, "kubeletPlugin": { "healthcheck": { "enabled": true } } },
+        },
+        "dcgmExporter": { "enabled": true, "serviceMonitor": { "enabled": false } },
+        "daemonsets": { "podSecurityContext": { "seccompProfile": { "type": "RuntimeDefault" } } },
+    }));
+    let cs = containers(&ds);
+    assert_eq!(parse(&cs[0]).healthcheck_port, 51516);
+    assert_eq!(parse(&cs[1]).healthcheck_port, 51515);
+    assert_eq!(cs[0].image_pull_policy.as_deref(), Some("Always"));
+    let pod = ds.spec.template.spec.as_ref().unwrap();
+    let psc = pod.security_context.as_ref().expect("podSecurityContext");
+    assert_eq!(
+        psc.seccomp_profile.as_ref().unwrap().type_,
+        "RuntimeDefault"
+    );
+    let plain = daemonset(json!({ "draDriver": {} }));
+    assert!(
+        plain
+            .spec
+            .template
+            .spec
+            .as_ref()
+            .unwrap()
+            .security_context
+            .is_none()
+    );
+}

@@ -1,18 +1,20 @@
 //! `GPUCluster` (nvidia.com/v1alpha1): one cluster-scoped object, `gpu-cluster`, that describes the whole
-//! DRA stack. Field names follow the GPU Operator's GPUCluster where they exist; `migrationPool` is ours.
+//! DRA stack. The schema is a superset of the GPU Operator's GPUCluster (v26.7): every object the
+//! operator's CRD accepts is accepted here and keeps all its fields, so one object can be handed
+//! from the operator's controller to ours and back. `migrationPool` is ours.
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{EnvVar, ResourceRequirements, Toleration};
+use k8s_openapi::api::core::v1::{EnvVar, PodSecurityContext, ResourceRequirements, Toleration};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// The only name a GPUCluster may have; the CRD rejects any other.
+/// The only name a GPUCluster may have; the CRD rejects any other, as the operator's CRD does.
 pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
 
 /// Desired state of the DRA driver stack.
-#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "nvidia.com",
     version = "v1alpha1",
@@ -31,6 +33,16 @@ pub const GPU_CLUSTER_NAME: &str = "gpu-cluster";
 pub struct GPUClusterSpec {
     /// The DRA driver: image, feature gates and its two kubelet-plugin flavours.
     pub dra_driver: DraDriverSpec,
+    /// The GPU Operator's standalone DCGM host engine. Accepted and kept for the operator's
+    /// controller; this controller does not deploy DCGM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "operand_schema")]
+    pub dcgm: Option<OperandSpec>,
+    /// The GPU Operator's DCGM exporter. Accepted and kept for the operator's controller; this
+    /// controller does not deploy it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "operand_schema")]
+    pub dcgm_exporter: Option<OperandSpec>,
     /// Host paths the kubelet plugin mounts.
     #[serde(default)]
     pub host_paths: HostPathsSpec,
@@ -55,9 +67,10 @@ pub struct DraDriverSpec {
     /// Image tag.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
-    /// Pull policy for every container the controller creates.
+    /// Pull policy for every container the controller creates: `Always`, `IfNotPresent` or
+    /// `Never`. A string, as in the operator's CRD; the API server checks it on the pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub image_pull_policy: Option<ImagePullPolicy>,
+    pub image_pull_policy: Option<String>,
     /// Names of Secrets in the driver namespace used to pull the image.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub image_pull_secrets: Vec<String>,
@@ -72,27 +85,10 @@ pub struct DraDriverSpec {
     pub compute_domains: ComputeDomainsSpec,
 }
 
-#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
-pub enum ImagePullPolicy {
-    Always,
-    IfNotPresent,
-    Never,
-}
-
-impl ImagePullPolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Always => "Always",
-            Self::IfNotPresent => "IfNotPresent",
-            Self::Never => "Never",
-        }
-    }
-}
-
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct GpusSpec {
-    #[serde(default = "KubeletPluginSpec::gpus")]
+    #[serde(default)]
     pub kubelet_plugin: KubeletPluginSpec,
 }
 
@@ -106,7 +102,7 @@ pub struct ComputeDomainsSpec {
     #[serde(default)]
     pub controller: ComponentSpec,
     /// The `compute-domains` container of the kubelet-plugin DaemonSet.
-    #[serde(default = "KubeletPluginSpec::compute_domains")]
+    #[serde(default)]
     pub kubelet_plugin: KubeletPluginSpec,
 }
 
@@ -115,7 +111,7 @@ impl Default for ComputeDomainsSpec {
         Self {
             enabled: true,
             controller: ComponentSpec::default(),
-            kubelet_plugin: KubeletPluginSpec::compute_domains(),
+            kubelet_plugin: KubeletPluginSpec::default(),
         }
     }
 }
@@ -130,7 +126,7 @@ pub struct ComponentSpec {
     pub resources: Option<ResourceRequirements>,
 }
 
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KubeletPluginSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -138,46 +134,39 @@ pub struct KubeletPluginSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
     /// gRPC health endpoint used for the container's liveness probe.
+    #[serde(default)]
     pub healthcheck: HealthcheckSpec,
-}
-
-impl Default for KubeletPluginSpec {
-    fn default() -> Self {
-        Self::gpus()
-    }
 }
 
 impl KubeletPluginSpec {
     pub const GPUS_HEALTH_PORT: i32 = 51516;
     pub const COMPUTE_DOMAINS_HEALTH_PORT: i32 = 51515;
 
-    fn gpus() -> Self {
-        Self::with_port(Self::GPUS_HEALTH_PORT)
-    }
-
-    fn compute_domains() -> Self {
-        Self::with_port(Self::COMPUTE_DOMAINS_HEALTH_PORT)
-    }
-
-    fn with_port(port: i32) -> Self {
-        Self {
-            env: Vec::new(),
-            resources: None,
-            healthcheck: HealthcheckSpec {
-                enabled: true,
-                port,
-            },
-        }
+    /// The health server's port, `default_port` unless set; `None` when the check is disabled.
+    pub fn health_port(&self, default_port: i32) -> Option<i32> {
+        let h = &self.healthcheck;
+        h.enabled.then(|| h.port.unwrap_or(default_port))
     }
 }
 
+/// Both fields are optional, as in the operator's CRD; the port defaults per container flavour.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct HealthcheckSpec {
     #[serde(default = "default_true")]
     pub enabled: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
-    pub port: i32,
+    pub port: Option<i32>,
+}
+
+impl Default for HealthcheckSpec {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            port: None,
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
@@ -217,6 +206,9 @@ pub struct DaemonsetsSpec {
     pub tolerations: Vec<Toleration>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,
+    /// Pod security context of every DaemonSet's pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_security_context: Option<PodSecurityContext>,
     /// `RollingUpdate` (default) or `OnDelete`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub update_strategy: Option<UpdateStrategy>,
@@ -276,6 +268,26 @@ pub enum ExtendedResourceClass {
 
 fn default_true() -> bool {
     true
+}
+
+/// An operand of the GPU Operator that this controller does not deploy (`dcgm`, `dcgmExporter`):
+/// `enabled` is read, everything else is kept as written.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct OperandSpec {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(flatten)]
+    pub rest: BTreeMap<String, serde_json::Value>,
+}
+
+/// An object whose unknown fields the API server keeps (`x-kubernetes-preserve-unknown-fields`), so
+/// that every field of the operator's DCGM specs survives, now and in later operator versions.
+fn operand_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "properties": { "enabled": { "type": "boolean" } },
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 /// Observed state, written by the controller only.

@@ -56,11 +56,12 @@ impl Target<'_> {
         )
     }
 
-    pub fn pull_policy(&self) -> &'static str {
+    pub fn pull_policy(&self) -> &str {
         self.spec
             .dra_driver
             .image_pull_policy
-            .map_or("IfNotPresent", |p| p.as_str())
+            .as_deref()
+            .unwrap_or("IfNotPresent")
     }
 
     /// `Name=true,Other=false`, in name order.
@@ -120,10 +121,10 @@ fn container_env(base: Vec<Value>, plugin: &[k8s_openapi::api::core::v1::EnvVar]
     json!(env)
 }
 
-fn liveness(spec: &KubeletPluginSpec) -> Option<Value> {
-    spec.healthcheck.enabled.then(|| {
+fn liveness(spec: &KubeletPluginSpec, default_port: i32) -> Option<Value> {
+    spec.health_port(default_port).map(|port| {
         json!({
-            "grpc": { "port": spec.healthcheck.port, "service": "liveness" },
+            "grpc": { "port": port, "service": "liveness" },
             "initialDelaySeconds": 30,
             "periodSeconds": 10,
             "failureThreshold": 3,

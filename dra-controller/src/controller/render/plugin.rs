@@ -5,6 +5,7 @@ use k8s_openapi::api::apps::v1::DaemonSet;
 use serde_json::{Value, json};
 
 use super::{Target, container_env, liveness, typed};
+use crate::controller::crd::KubeletPluginSpec;
 use crate::controller::error::Result;
 
 /// Name of the DaemonSet, its ServiceAccount and its RBAC objects.
@@ -67,17 +68,18 @@ fn container(
     t: &Target<'_>,
     name: &str,
     driver: &str,
-    spec: &crate::controller::crd::KubeletPluginSpec,
+    spec: &KubeletPluginSpec,
     metrics_port: i32,
     plugin_volume: &str,
 ) -> Value {
     let paths = PluginPaths::new(t, driver);
-    // 0 turns the plugin's health server off, matching a probe-less container.
-    let health_port = if spec.healthcheck.enabled {
-        spec.healthcheck.port
+    let default_health_port = if driver == GPU_DRIVER {
+        KubeletPluginSpec::GPUS_HEALTH_PORT
     } else {
-        0
+        KubeletPluginSpec::COMPUTE_DOMAINS_HEALTH_PORT
     };
+    // 0 turns the plugin's health server off, matching a probe-less container.
+    let health_port = spec.health_port(default_health_port).unwrap_or(0);
     let mut c = json!({
         "name": name,
         "image": t.image(),
@@ -97,7 +99,7 @@ fn container(
     if let Some(r) = &spec.resources {
         c["resources"] = json!(r);
     }
-    if let Some(p) = liveness(spec) {
+    if let Some(p) = liveness(spec, default_health_port) {
         c["livenessProbe"] = p;
     }
     c
@@ -176,6 +178,7 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
                     "priorityClassName": ds.priority_class_name.as_deref().unwrap_or("system-node-critical"),
                     "nodeSelector": { DRA_DRIVER_LABEL: "true" },
                     "tolerations": ds.tolerations,
+                    "securityContext": ds.pod_security_context,
                     "imagePullSecrets": t.pull_secrets(),
                     "containers": containers,
                     "volumes": volumes,
