@@ -48,7 +48,26 @@ fn node(name: &str, labels: Value, gpus: Option<&str>) -> Value {
     json!({ "metadata": { "name": name, "labels": labels }, "status": { "allocatable": allocatable } })
 }
 
+/// The first call of every reconcile: looking for the GPU Operator's Deployment.
+const OPERATORS: &str = "/apis/apps/v1/deployments";
+
+fn no_operator() -> Call {
+    call(Method::GET, OPERATORS, list("Deployment", vec![]))
+}
+
+/// Reconcile with no GPU Operator around; the bodies seen after the operator lookup.
 async fn run(gc: GPUCluster, calls: Vec<Call>) -> (Action, Vec<(String, Value)>) {
+    let calls = std::iter::once(no_operator()).chain(calls).collect();
+    let (action, mut seen) = run_raw(gc, calls).await;
+    assert!(
+        seen.remove(0)
+            .0
+            .contains("fieldSelector=metadata.name%3Dgpu-operator")
+    );
+    (action, seen)
+}
+
+async fn run_raw(gc: GPUCluster, calls: Vec<Call>) -> (Action, Vec<(String, Value)>) {
     let (ctx, handle) = ctx();
     let server = serve(handle, calls);
     let action = reconcile(Arc::new(gc), ctx)
@@ -326,7 +345,10 @@ async fn api_errors_surface_and_the_error_policy_backs_off() {
     let (ctx, handle) = ctx();
     let server = serve(
         handle,
-        vec![call(Method::GET, "/api/v1/nodes", Reply::Status(500))],
+        vec![
+            no_operator(),
+            call(Method::GET, "/api/v1/nodes", Reply::Status(500)),
+        ],
     );
     let err = reconcile(Arc::new(gc.clone()), ctx.clone())
         .await

@@ -44,6 +44,12 @@ pub const GPUCLUSTER_FINALIZER: &str = "gpucluster.nvidia.com/dra-resourceclaim"
 /// Holds ComputeDomain deletion until its objects and node labels are gone.
 pub const COMPUTE_DOMAIN_FINALIZER: &str = "resource.nvidia.com/computeDomain";
 
+// GPUCluster annotations.
+
+/// Which controller reconciles the GPUCluster when more than one could: `gpu-dra-controller` (ours)
+/// or `gpu-operator` (NVIDIA's GPU Operator, which reconciles the same object from v26.7 on).
+pub const GPUCLUSTER_CONTROLLER_ANNOTATION: &str = "gpu.nvidia.com/gpucluster-controller";
+
 // ComputeDomain labels and annotations.
 
 /// Node label that binds a node to one ComputeDomain (value: the domain's UID). The

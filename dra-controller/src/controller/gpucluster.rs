@@ -15,14 +15,17 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ListParams, Patch};
+use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 use tracing::{info, instrument, warn};
 
 use super::apply::{apply, delete, params, set_finalizer};
+use super::conflict::{self, CONTROLLER_CONFLICT, Decision, GPU_OPERATOR};
 use super::crd::{GPUCluster, GPUClusterSpec};
 use super::error::{Error, Result};
 use super::labels::COMPONENT;
@@ -47,11 +50,22 @@ pub struct Ctx {
 /// Requeue while a node or teardown step waits on something no watch announces promptly.
 const SHORT_REQUEUE: Duration = Duration::from_secs(5);
 const RESYNC: Duration = Duration::from_secs(300);
+/// While standing by: look again for the other controller this often (its Deployment is not watched).
+const STANDBY_RECHECK: Duration = Duration::from_secs(60);
 
 #[instrument(skip(gc, ctx), fields(name = %gc.name_any()))]
 pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
     let _timer = ctx.metrics.reconcile.measure("gpucluster");
     let api: Api<GPUCluster> = Api::all(ctx.client.clone());
+    // Before anything else, the finalizer included: the operator's controller uses the same one.
+    let operators = Api::<Deployment>::all(ctx.client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={GPU_OPERATOR}")))
+        .await?;
+    if let Decision::StandBy { reason, message } =
+        conflict::decide(&conflict::Facts::new(&gc, &operators.items))
+    {
+        return stand_by(&api, &gc, &ctx, reason, message).await;
+    }
     let has_finalizer = gc.finalizers().iter().any(|f| f == GPUCLUSTER_FINALIZER);
     if gc.meta().deletion_timestamp.is_some() {
         if !has_finalizer {
@@ -73,6 +87,86 @@ pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
         return Ok(Action::await_change());
     }
     converge(&gc, &ctx).await
+}
+
+/// Leave the object to the other controller: touch nothing but our `ControllerConflict` condition,
+/// written (with a Warning Event) only when it changes, so two controllers never trade writes.
+async fn stand_by(
+    api: &Api<GPUCluster>,
+    gc: &GPUCluster,
+    ctx: &Ctx,
+    reason: &'static str,
+    message: String,
+) -> Result<Action> {
+    let previous = gc
+        .status
+        .as_ref()
+        .map_or(&[][..], |s| s.conditions.as_slice());
+    let Some(conditions) = conflict_conditions(previous, gc.metadata.generation, reason, &message)
+    else {
+        return Ok(Action::requeue(STANDBY_RECHECK));
+    };
+    warn!(
+        reason,
+        message, "another GPUCluster controller is active; standing by"
+    );
+    // A merge patch guarded by resourceVersion: the list is replaced whole, so it must not
+    // overwrite conditions the other controller wrote meanwhile.
+    let body = json!({ "metadata": { "resourceVersion": gc.resource_version() }, "status": { "conditions": conditions } });
+    let params = PatchParams {
+        field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    api.patch_status(&gc.name_any(), &params, &Patch::Merge(body))
+        .await?;
+    let reporter = Reporter {
+        controller: CONTROLLER_FIELD_MANAGER.into(),
+        instance: None,
+    };
+    let event = Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(message),
+        action: "StandBy".into(),
+        secondary: None,
+    };
+    let recorder = Recorder::new(ctx.client.clone(), reporter);
+    if let Err(e) = recorder.publish(&event, &gc.object_ref(&())).await {
+        warn!(error = %e, "publishing the stand-by Event failed");
+    }
+    Ok(Action::requeue(STANDBY_RECHECK))
+}
+
+/// Pure: `previous` with our `ControllerConflict=True` condition set, or `None` when it is
+/// already there with the same reason and message.
+pub fn conflict_conditions(
+    previous: &[Condition],
+    generation: Option<i64>,
+    reason: &str,
+    message: &str,
+) -> Option<Vec<Condition>> {
+    let old = previous.iter().find(|c| c.type_ == CONTROLLER_CONFLICT);
+    if old.is_some_and(|c| c.status == "True" && c.reason == reason && c.message == message) {
+        return None;
+    }
+    let since = old.filter(|c| c.status == "True").map_or_else(
+        || Time(Timestamp::now()),
+        |c| c.last_transition_time.clone(),
+    );
+    let mut out: Vec<Condition> = previous
+        .iter()
+        .filter(|c| c.type_ != CONTROLLER_CONFLICT)
+        .cloned()
+        .collect();
+    out.push(Condition {
+        type_: CONTROLLER_CONFLICT.into(),
+        status: "True".into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: since,
+    });
+    Some(out)
 }
 
 /// Pure: how long to wait after a failure. Bad input waits longer than API trouble.

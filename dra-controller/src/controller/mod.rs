@@ -2,6 +2,7 @@
 //! ComputeDomains, behind leader election, with metrics and health endpoints.
 pub mod apply;
 pub mod computedomain;
+pub mod conflict;
 pub mod crd;
 pub mod deviceclasses;
 pub mod error;
