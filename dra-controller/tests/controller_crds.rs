@@ -58,3 +58,19 @@ fn crdgen_subcommand_prints_the_committed_crds() {
         "`dra-controller crdgen` differs from deploy/crds/crds.yaml"
     );
 }
+
+#[test]
+fn the_charts_ownership_check_looks_for_the_label_our_crds_carry() {
+    let (key, value) = dra_controller::controller::crd::CRD_OWNER_LABEL;
+    let yaml = dra_controller::controller::crd::crds_yaml().unwrap();
+    assert_eq!(yaml.matches(&format!("{key}: {value}")).count(), 2);
+    let check = std::fs::read_to_string(committed(
+        "deploy/helm/gpu-dra-driver/templates/crd-check.yaml",
+    ))
+    .unwrap();
+    assert!(
+        check.contains(&format!(r#"(get $labels "{key}") "{value}""#)),
+        "crd-check.yaml must test {key}={value}"
+    );
+    assert!(check.contains(r#""gpuclusters.nvidia.com""#));
+}

@@ -36,10 +36,19 @@ pub fn gpucluster_crd() -> CustomResourceDefinition {
     crd
 }
 
+/// The label that marks a CRD as this project's. The Helm chart refuses to install over a
+/// `gpuclusters.nvidia.com` without it (the GPU Operator's), whose schema would drop our fields.
+pub const CRD_OWNER_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "gpu-dra-driver");
+
 /// The CRDs as one multi-document YAML stream, in a stable order; `deploy/crds/` holds this output.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::new();
-    for crd in [gpucluster_crd(), ComputeDomain::crd()] {
+    for mut crd in [gpucluster_crd(), ComputeDomain::crd()] {
+        crd.metadata.labels = Some(
+            [(CRD_OWNER_LABEL.0.to_owned(), CRD_OWNER_LABEL.1.to_owned())]
+                .into_iter()
+                .collect(),
+        );
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&crd)?);
     }
