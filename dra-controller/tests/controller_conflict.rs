@@ -18,6 +18,30 @@ const OPERATORS: &str = "/apis/apps/v1/deployments";
 const STATUS: &str = "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster/status";
 const GC: &str = "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster";
 const EVENTS: &str = "/apis/events.k8s.io/v1/namespaces/default/events";
+const CRD: &str = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuclusters.nvidia.com";
+
+/// The installed GPUCluster CRD: ours, or one without `spec.migrationPool` as the operator's.
+fn crd(ours: bool) -> Call {
+    let mut crd = dra_controller::controller::crd::gpucluster_crd();
+    if !ours {
+        for v in &mut crd.spec.versions {
+            let root = v
+                .schema
+                .as_mut()
+                .unwrap()
+                .open_api_v3_schema
+                .as_mut()
+                .unwrap();
+            let spec = root.properties.as_mut().unwrap().get_mut("spec").unwrap();
+            spec.properties.as_mut().unwrap().remove("migrationPool");
+        }
+    }
+    call(
+        Method::GET,
+        CRD,
+        Reply::Json(serde_json::to_value(crd).unwrap()),
+    )
+}
 
 fn gpucluster(meta: Value, status: Value) -> GPUCluster {
     let mut m =
@@ -73,13 +97,14 @@ async fn a_running_operator_gets_a_condition_and_a_warning_and_nothing_else() {
         gc,
         vec![
             call(Method::GET, OPERATORS, operators),
+            crd(true),
             call(Method::PATCH, STATUS, Reply::Json(echo)),
             call(Method::POST, EVENTS, Reply::Echo),
         ],
     )
     .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(60)));
-    let (uri, patch) = &seen[1];
+    let (uri, patch) = &seen[2];
     assert!(uri.contains("fieldManager=gpu-dra-controller"), "{uri}");
     assert_eq!(patch["metadata"]["resourceVersion"], "7");
     assert!(
@@ -103,7 +128,7 @@ async fn a_running_operator_gets_a_condition_and_a_warning_and_nothing_else() {
             && msg.contains(names::GPUCLUSTER_CONTROLLER_ANNOTATION),
         "{msg}"
     );
-    let event = &seen[2].1;
+    let event = &seen[3].1;
     assert_eq!(
         (
             &event["type"],
@@ -137,11 +162,14 @@ async fn an_unchanged_conflict_is_not_written_again() {
     gc.status.as_mut().unwrap().conditions[1].message = message;
     let (action, seen) = run(
         gc,
-        vec![call(Method::GET, OPERATORS, list("Deployment", vec![]))],
+        vec![
+            call(Method::GET, OPERATORS, list("Deployment", vec![])),
+            crd(true),
+        ],
     )
     .await;
     assert_eq!(action, Action::requeue(Duration::from_secs(60)));
-    assert_eq!(seen.len(), 1, "no write");
+    assert_eq!(seen.len(), 2, "no write");
 }
 
 #[tokio::test]
@@ -157,12 +185,13 @@ async fn a_deletion_the_operator_handles_is_not_torn_down_here() {
         gc,
         vec![
             call(Method::GET, OPERATORS, list("Deployment", vec![])),
+            crd(true),
             call(Method::PATCH, STATUS, Reply::Json(echo)),
             call(Method::POST, EVENTS, Reply::Echo),
         ],
     )
     .await;
-    let reason = &seen[1].1["status"]["conditions"][1]["reason"];
+    let reason = &seen[2].1["status"]["conditions"][1]["reason"];
     assert_eq!(reason, "HandedToGPUOperator");
 }
 
@@ -180,14 +209,41 @@ async fn the_annotation_lets_this_controller_reconcile_beside_the_operator() {
         gc,
         vec![
             call(Method::GET, OPERATORS, operators),
+            crd(true),
             call(Method::PATCH, GC, Reply::Json(echo)),
         ],
     )
     .await;
     assert_eq!(action, Action::await_change());
     assert_eq!(
-        seen[1].1["metadata"]["finalizers"],
+        seen[2].1["metadata"]["finalizers"],
         json!([names::GPUCLUSTER_FINALIZER]),
         "the first step of a normal reconcile"
+    );
+}
+
+#[tokio::test]
+async fn the_operators_crd_stops_the_controller_before_it_relabels_every_gpu_node() {
+    let meta =
+        json!({ "annotations": { names::GPUCLUSTER_CONTROLLER_ANNOTATION: "gpu-dra-controller" } });
+    let gc = gpucluster(meta, json!({}));
+    let echo = serde_json::to_value(&gc).unwrap();
+    let (_, seen) = run(
+        gc,
+        vec![
+            call(Method::GET, OPERATORS, list("Deployment", vec![])),
+            crd(false),
+            call(Method::PATCH, STATUS, Reply::Json(echo)),
+            call(Method::POST, EVENTS, Reply::Echo),
+        ],
+    )
+    .await;
+    let ours = &seen[2].1["status"]["conditions"][0];
+    assert_eq!(ours["reason"], "ForeignCRD");
+    assert!(
+        ours["message"]
+            .as_str()
+            .unwrap()
+            .contains("deploy/crds/crds.yaml")
     );
 }

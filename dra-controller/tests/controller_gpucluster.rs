@@ -55,15 +55,22 @@ fn no_operator() -> Call {
     call(Method::GET, OPERATORS, list("Deployment", vec![]))
 }
 
-/// Reconcile with no GPU Operator around; the bodies seen after the operator lookup.
+/// The GPUCluster CRD's schema check; unreadable (here: not found) does not stop the reconcile.
+fn crd_unreadable() -> Call {
+    call(
+        Method::GET,
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/gpuclusters.nvidia.com",
+        Reply::Status(404),
+    )
+}
+
+/// Reconcile with no GPU Operator around; the bodies seen after the operator and CRD lookups.
 async fn run(gc: GPUCluster, calls: Vec<Call>) -> (Action, Vec<(String, Value)>) {
-    let calls = std::iter::once(no_operator()).chain(calls).collect();
-    let (action, mut seen) = run_raw(gc, calls).await;
-    assert!(
-        seen.remove(0)
-            .0
-            .contains("fieldSelector=metadata.name%3Dgpu-operator")
-    );
+    let lookups = [no_operator(), crd_unreadable()];
+    let (action, mut seen) = run_raw(gc, lookups.into_iter().chain(calls).collect()).await;
+    let operator_lookup = seen.remove(0).0;
+    assert!(operator_lookup.contains("fieldSelector=metadata.name%3Dgpu-operator"));
+    seen.remove(0);
     (action, seen)
 }
 
@@ -347,6 +354,7 @@ async fn api_errors_surface_and_the_error_policy_backs_off() {
         handle,
         vec![
             no_operator(),
+            crd_unreadable(),
             call(Method::GET, "/api/v1/nodes", Reply::Status(500)),
         ],
     );

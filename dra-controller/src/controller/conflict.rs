@@ -4,6 +4,7 @@
 //! gathers the facts and acts on the decision.
 use gpu_dra_api::names::{CONTROLLER_FIELD_MANAGER, GPUCLUSTER_CONTROLLER_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 
 use super::crd::GPUCluster;
@@ -34,6 +35,9 @@ pub struct Facts<'a> {
     /// Field managers in the GPUCluster's `metadata.managedFields`.
     pub managers: Vec<&'a str>,
     pub deployments: Vec<OperatorDeployment>,
+    /// Whether the installed `gpuclusters.nvidia.com` schema has `spec.migrationPool`; `None` when
+    /// the CRD could not be read (no RBAC for it), which is no reason to stop.
+    pub crd_has_pool: Option<bool>,
 }
 
 #[derive(Debug, PartialEq)]
@@ -59,8 +63,21 @@ impl<'a> Facts<'a> {
                 .filter_map(|m| m.manager.as_deref())
                 .collect(),
             deployments: deployments.iter().map(operator_deployment).collect(),
+            crd_has_pool: None,
         }
     }
+}
+
+/// Whether a GPUCluster CRD's served schema has `spec.migrationPool`, i.e. is ours and not the
+/// GPU Operator's (under which the API server drops the pool).
+pub fn crd_has_pool(crd: &CustomResourceDefinition) -> bool {
+    crd.spec.versions.iter().any(|v| {
+        v.schema
+            .as_ref()
+            .and_then(|s| s.open_api_v3_schema.as_ref())
+            .and_then(|root| root.properties.as_ref()?.get("spec")?.properties.as_ref())
+            .is_some_and(|spec| spec.contains_key("migrationPool"))
+    })
 }
 
 fn operator_deployment(d: &Deployment) -> OperatorDeployment {
@@ -86,6 +103,17 @@ fn operator_deployment(d: &Deployment) -> OperatorDeployment {
 /// An explicit annotation wins; otherwise a running operator Deployment, or the operator's own
 /// writes on the object, make this controller stand by.
 pub fn decide(f: &Facts<'_>) -> Decision {
+    // Not even the annotation overrides this: the pool would silently become every GPU node.
+    if f.crd_has_pool == Some(false) {
+        return stand_by(
+            "ForeignCRD",
+            "the installed CRD gpuclusters.nvidia.com has no spec.migrationPool (it is not gpu-dra-driver's; the \
+             GPU Operator installs one of that name), so the API server drops the pool and every GPU node would \
+             join it; this controller leaves the GPUCluster alone. Apply deploy/crds/crds.yaml (a superset of the \
+             operator's) with kubectl apply --server-side --force-conflicts"
+                .into(),
+        );
+    }
     match f.annotation {
         Some(CONTROLLER_FIELD_MANAGER) => return Decision::Reconcile,
         Some(GPU_OPERATOR) => {
@@ -272,6 +300,39 @@ mod tests {
             ..Facts::default()
         };
         assert_eq!(reason(&decide(&f)), "GPUOperatorManaged");
+    }
+
+    #[test]
+    fn a_crd_without_the_pool_stops_even_an_annotated_object() {
+        let f = Facts {
+            annotation: Some("gpu-dra-controller"),
+            crd_has_pool: Some(false),
+            ..Facts::default()
+        };
+        assert_eq!(reason(&decide(&f)), "ForeignCRD");
+        let unknown = Facts {
+            crd_has_pool: None,
+            ..Facts::default()
+        };
+        assert_eq!(decide(&unknown), Decision::Reconcile);
+    }
+
+    #[test]
+    fn our_crd_has_the_pool() {
+        assert!(crd_has_pool(&crate::controller::crd::gpucluster_crd()));
+        let mut foreign = crate::controller::crd::gpucluster_crd();
+        for v in &mut foreign.spec.versions {
+            let root = v
+                .schema
+                .as_mut()
+                .unwrap()
+                .open_api_v3_schema
+                .as_mut()
+                .unwrap();
+            let spec = root.properties.as_mut().unwrap().get_mut("spec").unwrap();
+            spec.properties.as_mut().unwrap().remove("migrationPool");
+        }
+        assert!(!crd_has_pool(&foreign));
     }
 
     #[test]

@@ -15,14 +15,15 @@ use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
 use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::{Client, Resource, ResourceExt};
+use kube::{Client, CustomResourceExt, Resource, ResourceExt};
 use serde_json::json;
-use tracing::{info, instrument, warn};
+use tracing::{debug, info, instrument, warn};
 
 use super::apply::{apply, delete, params, set_finalizer};
 use super::conflict::{self, CONTROLLER_CONFLICT, Decision, GPU_OPERATOR};
@@ -61,9 +62,9 @@ pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
     let operators = Api::<Deployment>::all(ctx.client.clone())
         .list(&ListParams::default().fields(&format!("metadata.name={GPU_OPERATOR}")))
         .await?;
-    if let Decision::StandBy { reason, message } =
-        conflict::decide(&conflict::Facts::new(&gc, &operators.items))
-    {
+    let mut facts = conflict::Facts::new(&gc, &operators.items);
+    facts.crd_has_pool = installed_crd_has_pool(&ctx.client).await;
+    if let Decision::StandBy { reason, message } = conflict::decide(&facts) {
         return stand_by(&api, &gc, &ctx, reason, message).await;
     }
     let has_finalizer = gc.finalizers().iter().any(|f| f == GPUCLUSTER_FINALIZER);
@@ -87,6 +88,18 @@ pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
         return Ok(Action::await_change());
     }
     converge(&gc, &ctx).await
+}
+
+/// `None` when the CRD cannot be read (RBAC), which is no reason to stop reconciling.
+async fn installed_crd_has_pool(client: &Client) -> Option<bool> {
+    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+    match crds.get(GPUCluster::crd_name()).await {
+        Ok(crd) => Some(conflict::crd_has_pool(&crd)),
+        Err(e) => {
+            debug!(error = %e, "cannot read the GPUCluster CRD; not checking its schema");
+            None
+        }
+    }
 }
 
 /// Leave the object to the other controller: touch nothing but our `ControllerConflict` condition,
