@@ -38,7 +38,7 @@ pub fn gpucluster_crd() -> CustomResourceDefinition {
 
 /// The label that marks a CRD as this project's. The Helm chart refuses to install over a
 /// `gpuclusters.nvidia.com` without it (the GPU Operator's), whose schema would drop our fields.
-pub const CRD_OWNER_LABEL: (&str, &str) = ("app.kubernetes.io/part-of", "gpu-dra-driver");
+pub const CRD_OWNER_LABEL: (&str, &str) = super::labels::PART_OF;
 
 /// The CRDs as one multi-document YAML stream, in a stable order; `deploy/crds/` holds this output.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
