@@ -238,7 +238,12 @@ async fn the_operators_crd_stops_the_controller_before_it_relabels_every_gpu_nod
         ],
     )
     .await;
-    let ours = &seen[2].1["status"]["conditions"][0];
+    let status = &seen[2].1["status"];
+    assert_eq!(
+        status["state"], "notReady",
+        "the operator's CRD requires a state"
+    );
+    let ours = &status["conditions"][0];
     assert_eq!(ours["reason"], "ForeignCRD");
     assert!(
         ours["message"]

@@ -27,7 +27,7 @@ use tracing::{debug, info, instrument, warn};
 
 use super::apply::{apply, delete, params, set_finalizer};
 use super::conflict::{self, CONTROLLER_CONFLICT, Decision, GPU_OPERATOR};
-use super::crd::{GPUCluster, GPUClusterSpec};
+use super::crd::{GPUCluster, GPUClusterSpec, State};
 use super::error::{Error, Result};
 use super::labels::COMPONENT;
 use super::metrics::Metrics;
@@ -125,7 +125,11 @@ async fn stand_by(
     );
     // A merge patch guarded by resourceVersion: the list is replaced whole, so it must not
     // overwrite conditions the other controller wrote meanwhile.
-    let body = json!({ "metadata": { "resourceVersion": gc.resource_version() }, "status": { "conditions": conditions } });
+    let mut body = json!({ "metadata": { "resourceVersion": gc.resource_version() }, "status": { "conditions": conditions } });
+    // The operator's CRD requires status.state; the other controller's value stays when there is one.
+    if gc.status.as_ref().is_none_or(|s| s.state.is_none()) {
+        body["status"]["state"] = json!(State::NotReady);
+    }
     let params = PatchParams {
         field_manager: Some(CONTROLLER_FIELD_MANAGER.into()),
         ..PatchParams::default()
