@@ -5,6 +5,8 @@
 use gpu_dra_api::names::{CONTROLLER_FIELD_MANAGER, GPUCLUSTER_CONTROLLER_ANNOTATION};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
 use super::crd::GPUCluster;
@@ -171,6 +173,38 @@ fn stand_by(reason: &'static str, message: String) -> Decision {
     Decision::StandBy { reason, message }
 }
 
+/// Pure: `previous` with our `ControllerConflict=True` condition set, or `None` when it is
+/// already there with the same reason and message.
+pub fn conditions(
+    previous: &[Condition],
+    generation: Option<i64>,
+    reason: &str,
+    message: &str,
+    now: Timestamp,
+) -> Option<Vec<Condition>> {
+    let old = previous.iter().find(|c| c.type_ == CONTROLLER_CONFLICT);
+    if old.is_some_and(|c| c.status == "True" && c.reason == reason && c.message == message) {
+        return None;
+    }
+    let since = old
+        .filter(|c| c.status == "True")
+        .map_or(Time(now), |c| c.last_transition_time.clone());
+    let mut out: Vec<Condition> = previous
+        .iter()
+        .filter(|c| c.type_ != CONTROLLER_CONFLICT)
+        .cloned()
+        .collect();
+    out.push(Condition {
+        type_: CONTROLLER_CONFLICT.into(),
+        status: "True".into(),
+        reason: reason.into(),
+        message: message.into(),
+        observed_generation: generation,
+        last_transition_time: since,
+    });
+    Some(out)
+}
+
 /// Scaled to zero, or a release older than the GPUCluster controller, is no competitor. A tag
 /// that is no `vYY.MM…` version (a digest, `latest`) is assumed to have the controller.
 pub fn runs_gpucluster_controller(d: &OperatorDeployment) -> bool {
@@ -235,6 +269,44 @@ mod tests {
                 image: "nvcr.io/nvidia/gpu-operator:v26.7.0".into(),
                 replicas: 1,
             }]
+        );
+    }
+
+    #[test]
+    fn the_condition_is_added_next_to_others_and_only_rewritten_on_change() {
+        let t = |s| Timestamp::from_second(s).unwrap();
+        let theirs = Condition {
+            type_: "Error".into(),
+            status: "True".into(),
+            reason: "PrerequisiteNotMet".into(),
+            message: "a ClusterPolicy exists".into(),
+            observed_generation: None,
+            last_transition_time: Time(t(1)),
+        };
+        let first = conditions(
+            std::slice::from_ref(&theirs),
+            Some(2),
+            "GPUOperatorRunning",
+            "m",
+            t(10),
+        )
+        .unwrap();
+        assert_eq!(first[0], theirs);
+        assert_eq!(
+            (first[1].type_.as_str(), first[1].status.as_str()),
+            (CONTROLLER_CONFLICT, "True")
+        );
+        assert_eq!(
+            conditions(&first, Some(2), "GPUOperatorRunning", "m", t(20)),
+            None
+        );
+        let changed = conditions(&first, Some(2), "GPUOperatorManaged", "n", t(30)).unwrap();
+        assert_eq!(changed.len(), 2);
+        assert_eq!(changed[1].reason, "GPUOperatorManaged");
+        assert_eq!(
+            changed[1].last_transition_time,
+            Time(t(10)),
+            "still True since 10"
         );
     }
 

@@ -16,7 +16,6 @@ use k8s_openapi::api::core::v1::{Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -26,7 +25,7 @@ use serde_json::json;
 use tracing::{debug, info, instrument, warn};
 
 use super::apply::{apply, delete, params, set_finalizer};
-use super::conflict::{self, CONTROLLER_CONFLICT, Decision, GPU_OPERATOR};
+use super::conflict::{self, Decision, GPU_OPERATOR};
 use super::crd::{GPUCluster, GPUClusterSpec, State};
 use super::error::{Error, Result};
 use super::labels::COMPONENT;
@@ -115,8 +114,13 @@ async fn stand_by(
         .status
         .as_ref()
         .map_or(&[][..], |s| s.conditions.as_slice());
-    let Some(conditions) = conflict_conditions(previous, gc.metadata.generation, reason, &message)
-    else {
+    let Some(conditions) = conflict::conditions(
+        previous,
+        gc.metadata.generation,
+        reason,
+        &message,
+        Timestamp::now(),
+    ) else {
         return Ok(Action::requeue(STANDBY_RECHECK));
     };
     warn!(
@@ -152,38 +156,6 @@ async fn stand_by(
         warn!(error = %e, "publishing the stand-by Event failed");
     }
     Ok(Action::requeue(STANDBY_RECHECK))
-}
-
-/// Pure: `previous` with our `ControllerConflict=True` condition set, or `None` when it is
-/// already there with the same reason and message.
-pub fn conflict_conditions(
-    previous: &[Condition],
-    generation: Option<i64>,
-    reason: &str,
-    message: &str,
-) -> Option<Vec<Condition>> {
-    let old = previous.iter().find(|c| c.type_ == CONTROLLER_CONFLICT);
-    if old.is_some_and(|c| c.status == "True" && c.reason == reason && c.message == message) {
-        return None;
-    }
-    let since = old.filter(|c| c.status == "True").map_or_else(
-        || Time(Timestamp::now()),
-        |c| c.last_transition_time.clone(),
-    );
-    let mut out: Vec<Condition> = previous
-        .iter()
-        .filter(|c| c.type_ != CONTROLLER_CONFLICT)
-        .cloned()
-        .collect();
-    out.push(Condition {
-        type_: CONTROLLER_CONFLICT.into(),
-        status: "True".into(),
-        reason: reason.into(),
-        message: message.into(),
-        observed_generation: generation,
-        last_transition_time: since,
-    });
-    Some(out)
 }
 
 /// Pure: how long to wait after a failure. Bad input waits longer than API trouble.
