@@ -28,8 +28,20 @@
 //! source snippet).
 //! Skips with a message when `go` is not installed. `SIM_DIFF_DUMP=<file>` keeps cases and answers.
 //!
+//! The second test, `cel_expressions_against_go_oracle` (`differential/cel_cases.rs`, grammar in
+//! `differential/cel_grammar.rs` and `cel_library.rs`), compares the outcome of 10,000 CEL-only
+//! expressions built to find differences (`SIM_DIFF_CASES=200000` for a longer run).
+//!
 //! One file over 600 lines on purpose: the case grammar and the comparison with the oracle
-//! belong together, and a second file would be a second test binary building the oracle again.
+//! belong together; the CEL-only test lives in modules of this same test binary, which builds
+//! the oracle once for both.
+#[path = "differential/cel_cases.rs"]
+mod cel_cases;
+#[path = "differential/cel_grammar.rs"]
+mod cel_grammar;
+#[path = "differential/cel_library.rs"]
+mod cel_library;
+
 use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use dra_sim::cel;
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
@@ -1196,7 +1208,13 @@ fn alloc_case(r: &mut Rng) -> J {
     json!({"classes": classes(), "slices": slices, "claims": claims, "allocated": allocated, "node": {"name": "node-a", "labels": {"zone": zone}}})
 }
 
+/// The oracle binary, built once per test run (both tests use it).
 fn oracle() -> Option<PathBuf> {
+    static BIN: std::sync::OnceLock<Option<PathBuf>> = std::sync::OnceLock::new();
+    BIN.get_or_init(build_oracle).clone()
+}
+
+fn build_oracle() -> Option<PathBuf> {
     if Command::new("go").arg("version").output().is_err() {
         eprintln!("SKIPPING differential test: `go` is not installed (needed to build e2e/oracle)");
         return None;

@@ -127,7 +127,7 @@ pub fn device_value(
         if let Some(i) = v.iter().position(|(k, _)| k == d) {
             return &mut v[i].1;
         }
-        v.push((d.to_string(), MapVal::default()));
+        v.push((d.to_string(), MapVal::native(Vec::new())));
         &mut v.last_mut().expect("pushed").1
     }
     for (name, a) in attributes.into_iter().flatten() {
@@ -152,6 +152,7 @@ pub fn device_value(
                 .map(|(k, m)| (Value::str(&k), Value::Map(Arc::new(m))))
                 .collect(),
             default_empty: true,
+            native: true,
         }))
     };
     Ok(Value::Device(Arc::new(DeviceVal {

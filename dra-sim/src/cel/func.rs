@@ -31,6 +31,7 @@ pub enum Func {
     ToDouble,
     ToString,
     ToBool,
+    ToBytes,
     TypeOf,
     Dyn,
     /// accumulator map + key + value (transformMap)
@@ -67,8 +68,13 @@ pub enum Func {
     First,
     Last,
     Sort,
+    /// `sort()` that type-checked against several overloads (a `dyn` list): dispatched at run
+    /// time, which cel-go's cost tracker knows no price for (1) and never looks into.
+    SortDyn,
     /// list + its sort keys (the `sortBy` macro)
     SortByKeys,
+    /// [`Func::SortByKeys`] with keys of a type known only at run time (as [`Func::SortDyn`])
+    SortByKeysDyn,
     Includes,
     // ext.Sets
     SetsContains,

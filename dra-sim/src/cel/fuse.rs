@@ -169,6 +169,10 @@ fn fuse_children(n: Node) -> Node {
             target: b(target),
             re,
         },
+        Node::InSet { needle, set } => Node::InSet {
+            needle: b(needle),
+            set,
+        },
         n @ (Node::Const(_)
         | Node::Device
         | Node::Local(_)

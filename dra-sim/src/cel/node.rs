@@ -44,6 +44,12 @@ pub enum Node {
         target: Box<Node>,
         re: Arc<regex::Regex>,
     },
+    /// `x in [...]` over a literal list of constant scalars, which cel-go plans as a lookup in a
+    /// Go map of the members (see `plan.rs`).
+    InSet {
+        needle: Box<Node>,
+        set: Arc<Vec<Value>>,
+    },
     /// `device.driver` / `device.allowMultipleAllocations`, read straight from the device
     /// (see `fuse.rs`).
     DeviceProp(DeviceProp),
@@ -82,4 +88,37 @@ pub struct Comp {
     pub cond: Node,
     pub step: Node,
     pub result: Node,
+}
+
+impl Node {
+    /// The nodes this one evaluates.
+    fn children(&self) -> Vec<&Node> {
+        match self {
+            Node::Select { operand, .. } | Node::OptSelect { operand, .. } => vec![operand],
+            Node::And(a, b) | Node::OrOp(a, b) => vec![a, b],
+            Node::Cond(c, a, b) => vec![c, a, b],
+            Node::Call { args, .. } => args.iter().collect(),
+            Node::List { elems, .. } => elems.iter().collect(),
+            Node::Map { entries } => entries.iter().flat_map(|(k, v, _)| [k, v]).collect(),
+            Node::Comp(c) => vec![&c.range, &c.init, &c.cond, &c.step, &c.result],
+            Node::Bind { init, body, .. } => vec![init, body],
+            Node::RegexCall { target, .. } => vec![target],
+            Node::InSet { needle, .. } => vec![needle],
+            Node::Const(_)
+            | Node::Device
+            | Node::Local(_)
+            | Node::DeviceProp(_)
+            | Node::DeviceField { .. } => Vec::new(),
+        }
+    }
+
+    /// How deeply nodes nest under this one (1 for a leaf).
+    pub fn depth(&self) -> usize {
+        1 + self
+            .children()
+            .into_iter()
+            .map(Node::depth)
+            .max()
+            .unwrap_or(0)
+    }
 }

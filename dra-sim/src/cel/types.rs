@@ -6,6 +6,10 @@ use std::fmt;
 #[derive(Clone, Debug, PartialEq)]
 pub enum Ty {
     Dyn,
+    /// A type cel-go's checker leaves open: the element type of `[]`, the key and value types of
+    /// `{}`. It fits anything like `dyn`, but where overloads differ by it (`[].sort()`), the
+    /// first that takes it binds it, and so decides the result type.
+    Free,
     /// `google.protobuf.Any`: the declared type of attribute values; behaves like dyn but is the
     /// only non-bool result type a selector may have.
     Any,
@@ -36,7 +40,7 @@ pub enum Ty {
 
 impl Ty {
     pub fn is_dyn(&self) -> bool {
-        matches!(self, Ty::Dyn | Ty::Any)
+        matches!(self, Ty::Dyn | Ty::Any | Ty::Free)
     }
     pub fn list(t: Ty) -> Ty {
         Ty::List(Box::new(t))
@@ -52,6 +56,9 @@ impl Ty {
         if self.is_dyn() || actual.is_dyn() {
             return true;
         }
+        if *self == Ty::Null || *actual == Ty::Null {
+            return self.nullable() && actual.nullable();
+        }
         match (self, actual) {
             (Ty::List(a), Ty::List(b)) => a.accepts(b),
             (Ty::Map(ak, av), Ty::Map(bk, bv)) => ak.accepts(bk) && av.accepts(bv),
@@ -64,8 +71,16 @@ impl Ty {
         if self == o {
             return Some(self.clone());
         }
+        match (self, o) {
+            (Ty::Free, t) | (t, Ty::Free) => return Some(t.clone()),
+            _ => {}
+        }
         if self.is_dyn() || o.is_dyn() {
             return Some(Ty::Dyn);
+        }
+        match (self, o) {
+            (Ty::Null, t) | (t, Ty::Null) if t.nullable() => return Some(t.clone()),
+            _ => {}
         }
         match (self, o) {
             (Ty::List(a), Ty::List(b)) => Some(Ty::list(a.unify(b)?)),
@@ -73,6 +88,84 @@ impl Ty {
             (Ty::Opt(a), Ty::Opt(b)) => Some(Ty::opt(a.unify(b)?)),
             _ => None,
         }
+    }
+    /// `self` with its open parts ([`Ty::Free`]) taken from `o` where `o` has the same shape: what
+    /// cel-go's type substitution makes of them once `o` was assigned.
+    pub fn fill(&self, o: &Ty) -> Ty {
+        match (self, o) {
+            (Ty::Free, o) => o.clone(),
+            (Ty::List(a), Ty::List(b)) => Ty::list(a.fill(b)),
+            (Ty::Map(ak, av), Ty::Map(bk, bv)) => Ty::map(ak.fill(bk), av.fill(bv)),
+            (Ty::Opt(a), Ty::Opt(b)) => Ty::opt(a.fill(b)),
+            (s, _) => s.clone(),
+        }
+    }
+    /// cel-go's `isEqualOrLessSpecific`: whether `self` is as general as `o` or more (`dyn` is
+    /// the most general), part by part.
+    pub fn as_general(&self, o: &Ty) -> bool {
+        if self.is_dyn() {
+            return true;
+        }
+        if o.is_dyn() {
+            return false;
+        }
+        match (self, o) {
+            (Ty::List(a), Ty::List(b)) | (Ty::Opt(a), Ty::Opt(b)) => a.as_general(b),
+            (Ty::Map(ak, av), Ty::Map(bk, bv)) => ak.as_general(bk) && av.as_general(bv),
+            (a, b) => a == b,
+        }
+    }
+    /// cel-go's `mostGeneral`: `self` if it is as general as `o`, else `o`.
+    fn most_general(&self, o: &Ty) -> Ty {
+        if self.as_general(o) {
+            self.clone()
+        } else {
+            o.clone()
+        }
+    }
+    /// What a type parameter that stands for `self` stands for once `next` is passed for it
+    /// too (an overload's `(A, A)`, `?:`'s branches): `next` must fit, and the more general of
+    /// the two wins, `next` on a tie (cel-go's `isValidTypeSubstitution`). Not symmetric:
+    /// `c ? null : ip` is `null`, `c ? ip : null` is `net.IP`.
+    pub fn bind(&self, next: &Ty) -> Option<Ty> {
+        let (a, b) = (self.fill(next), next.fill(self));
+        a.accepts(&b).then(|| b.most_general(&a))
+    }
+    /// A literal's element type so far joined with the next element's (cel-go's `joinTypes`):
+    /// the more general, the earlier one on a tie; `None` when they do not fit.
+    pub fn join(&self, next: &Ty) -> Option<Ty> {
+        let (a, b) = (self.fill(next), next.fill(self));
+        a.accepts(&b).then(|| a.most_general(&b))
+    }
+    /// cel-go's `IsExactType`, which the homogeneous-literal validator uses: no `dyn` wildcard
+    /// (attribute values, declared `Any`, read as `dyn` there).
+    pub fn exactly(&self, o: &Ty) -> bool {
+        match (self, o) {
+            (Ty::Free, _) | (_, Ty::Free) => true,
+            (Ty::Any | Ty::Dyn, Ty::Any | Ty::Dyn) => true,
+            // `optional.none()` is `optional_type(T)` with T still free in cel-go
+            (Ty::Opt(a), Ty::Opt(b)) => a.is_dyn() || b.is_dyn() || a.exactly(b),
+            (Ty::List(a), Ty::List(b)) => a.exactly(b),
+            (Ty::Map(ak, av), Ty::Map(bk, bv)) => ak.exactly(bk) && av.exactly(bv),
+            (a, b) => a == b,
+        }
+    }
+    /// Whether `null` may stand for a value of this type in cel-go's checker: opaque and object
+    /// types (not primitives, lists or maps).
+    pub fn nullable(&self) -> bool {
+        matches!(
+            self,
+            Ty::Null
+                | Ty::Opt(_)
+                | Ty::Quantity
+                | Ty::Semver
+                | Ty::Ip
+                | Ty::Cidr
+                | Ty::Url
+                | Ty::Format
+                | Ty::Authz(_)
+                | Ty::Device
+        ) || self.is_dyn()
     }
     pub fn is_num(&self) -> bool {
         matches!(self, Ty::Int | Ty::Uint | Ty::Double)
@@ -89,7 +182,7 @@ impl Ty {
 impl fmt::Display for Ty {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Ty::Dyn => f.write_str("dyn"),
+            Ty::Dyn | Ty::Free => f.write_str("dyn"),
             Ty::Any => f.write_str("google.protobuf.Any"),
             Ty::Bool => f.write_str("bool"),
             Ty::Int => f.write_str("int"),

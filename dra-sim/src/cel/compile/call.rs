@@ -2,7 +2,7 @@
 //! parser leaves as calls (see `macros`), the logical and conditional operators and optional
 //! selection, regex literals (compiled and validated here), and library functions through
 //! overload resolution (`lib::resolve`), with ext.Strings' compile-time `format` check.
-use super::{Compiler, Node, R, attr_map_ty, cap_map_ty};
+use super::{Compiler, Node, R};
 use crate::cel::func::Func;
 use crate::cel::lib::format::{self, StaticArg};
 use crate::cel::lib::resolve;
@@ -93,7 +93,7 @@ impl Compiler<'_> {
         let (a, at) = self.compile(&call.args[1])?;
         let (b, bt) = self.compile(&call.args[2])?;
         let rt = if Ty::Bool.accepts(&ct) {
-            at.unify(&bt)
+            at.bind(&bt)
         } else {
             None
         };
@@ -112,24 +112,7 @@ impl Compiler<'_> {
         let Expr::Literal(LiteralValue::String(f)) = &call.args[1].expr else {
             return Err(self.err(id, "unsupported optional field selection".into()));
         };
-        let inner = match &t {
-            Ty::Device => match f.inner() {
-                "driver" => Ty::Str,
-                "attributes" => attr_map_ty(),
-                "capacity" => cap_map_ty(),
-                "allowMultipleAllocations" => Ty::Bool,
-                other => return Err(self.err(id, format!("undefined field '{other}'"))),
-            },
-            Ty::Map(_, v) => (**v).clone(),
-            Ty::Opt(inner) => match &**inner {
-                Ty::Map(_, v) => (**v).clone(),
-                _ => Ty::Dyn,
-            },
-            t if t.is_dyn() => Ty::Dyn,
-            _ => {
-                return Err(self.err(id, format!("type '{t}' does not support field selection")));
-            }
-        };
+        let inner = self.field_ty(id, &t, f.inner())?;
         Ok((
             Node::OptSelect {
                 operand: Box::new(op),

@@ -21,14 +21,20 @@ pub(super) fn literal(l: &LiteralValue) -> (Node, Ty) {
 }
 
 impl Compiler<'_> {
-    pub(super) fn ident(&self, id: u64, name: &str) -> R {
+    pub(super) fn ident(&mut self, id: u64, name: &str) -> R {
         if let Some((_, slot, ty)) = self.scopes.iter().rev().find(|(n, _, _)| n == name) {
+            if *ty == Ty::Type {
+                // cel-go's planner takes an identifier of type `type` for a type's name
+                self.unplannable.get_or_insert_with(|| {
+                    format!("program instantiation failed: reference to undefined type: {name}")
+                });
+            }
             return Ok((Node::Local(*slot), ty.clone()));
         }
         match name {
             "device" => Ok((Node::Device, Ty::Device)),
             "int" | "uint" | "double" | "string" | "bool" | "bytes" | "list" | "map"
-            | "null_type" | "type" => {
+            | "null_type" | "type" | "optional_type" => {
                 Ok((Node::Const(Value::Type(type_name_static(name))), Ty::Type))
             }
             _ => Err(self.err(
@@ -53,29 +59,14 @@ impl Compiler<'_> {
             return Ok((Node::Const(Value::Type(tn)), Ty::Type));
         }
         let (op, t) = self.compile(&sel.operand)?;
-        let field = sel.field.as_str();
-        let ty = match &t {
-            Ty::Device => match field {
-                "driver" => Ty::Str,
-                "attributes" => attr_map_ty(),
-                "capacity" => cap_map_ty(),
-                "allowMultipleAllocations" => Ty::Bool,
-                _ => return Err(self.err(id, format!("undefined field '{field}'"))),
-            },
-            Ty::Map(k, v) => {
-                if !k.accepts(&Ty::Str) {
-                    return Err(
-                        self.err(id, format!("type '{t}' does not support field selection"))
-                    );
-                }
-                (**v).clone()
-            }
-            Ty::Dyn | Ty::Any => Ty::Dyn,
-            _ => {
-                return Err(self.err(id, format!("type '{t}' does not support field selection")));
-            }
+        let ty = self.field_ty(id, &t, sel.field.as_str())?;
+        let ty = match (&t, sel.test) {
+            (_, true) => Ty::Bool,
+            // a field of an optional value is an optional
+            (Ty::Opt(_), false) => Ty::opt(ty),
+            _ => ty,
         };
-        let ty = if sel.test { Ty::Bool } else { ty };
+        let field = sel.field.as_str();
         Ok((
             Node::Select {
                 operand: Box::new(op),
@@ -86,10 +77,35 @@ impl Compiler<'_> {
         ))
     }
 
+    /// The type of field `field` of a value of type `t` (of the value an optional may hold), as
+    /// cel-go's checker has it: a map's value type whatever its key type, the `device` object's
+    /// fields, `dyn` on `dyn`.
+    pub(super) fn field_ty(&self, id: u64, t: &Ty, field: &str) -> Result<Ty, String> {
+        let holder = match t {
+            Ty::Opt(inner) => &**inner,
+            t => t,
+        };
+        Ok(match holder {
+            Ty::Device => match field {
+                "driver" => Ty::Str,
+                "attributes" => attr_map_ty(),
+                "capacity" => cap_map_ty(),
+                "allowMultipleAllocations" => Ty::Bool,
+                _ => return Err(self.err(id, format!("undefined field '{field}'"))),
+            },
+            Ty::Map(_, v) => (**v).clone(),
+            h if h.is_dyn() => Ty::Dyn,
+            h => {
+                return Err(self.err(id, format!("type '{h}' does not support field selection")));
+            }
+        })
+    }
+
     pub(super) fn list(&mut self, l: &ListExpr) -> R {
         let mut elems = Vec::new();
         let mut optional = vec![false; l.elements.len()];
         let mut ety: Option<Ty> = None;
+        let mut first: Option<Ty> = None;
         let mut mismatched = false;
         for (i, el) in l.elements.iter().enumerate() {
             let (n, mut t) = self.compile(el)?;
@@ -106,26 +122,27 @@ impl Compiler<'_> {
                     }
                 };
             }
+            if let Some(first) = &first
+                && !first.exactly(&t)
+                && self.in_format == 0
+                && !mismatched
+            {
+                // the homogeneous-literal validator's error (exact types, against the first
+                // element); inside `format` upstream exempts it
+                self.invalid
+                    .push((el.id, format!("expected type '{first}' but found '{t}'")));
+                mismatched = true;
+            }
+            first.get_or_insert_with(|| t.clone());
             ety = Some(match ety {
                 None => t,
-                Some(prev) => match prev.unify(&t) {
-                    Some(u) => u,
-                    None => {
-                        // a validator's error; inside `format` upstream exempts it
-                        if self.in_format == 0 && !mismatched {
-                            self.invalid
-                                .push((el.id, format!("expected type '{prev}' but found '{t}'")));
-                        }
-                        mismatched = true;
-                        Ty::Dyn
-                    }
-                },
+                Some(prev) => prev.join(&t).unwrap_or(Ty::Dyn),
             });
             elems.push(n);
         }
         Ok((
             Node::List { elems, optional },
-            Ty::list(ety.unwrap_or(Ty::Dyn)),
+            Ty::list(ety.unwrap_or(Ty::Free)),
         ))
     }
 
@@ -157,11 +174,17 @@ impl Compiler<'_> {
         }
         Ok((
             Node::Map { entries },
-            Ty::map(kt.unwrap_or(Ty::Dyn), vt.unwrap_or(Ty::Dyn)),
+            Ty::map(kt.unwrap_or(Ty::Free), vt.unwrap_or(Ty::Free)),
         ))
     }
 
-    pub(super) fn comprehension(&mut self, c: &ComprehensionExpr) -> R {
+    pub(super) fn comprehension(&mut self, id: u64, c: &ComprehensionExpr) -> R {
+        if c.iter_var2.is_none() && self.camel_exists_one(id) {
+            return Err(self.err(
+                id,
+                "undeclared reference to 'existsOne' (in container '')".into(),
+            ));
+        }
         let (range, rt) = self.compile(&c.iter_range)?;
         let (it1, it2) = iter_types(&rt, c.iter_var2.is_some())
             .ok_or_else(|| self.err(c.iter_range.id, format!("expression of type '{rt}' cannot be range of a comprehension (must be list, map, or dynamic)")))?;
@@ -173,11 +196,13 @@ impl Compiler<'_> {
         let (step, st) = self.compile(&c.loop_step)?;
         let n = if var2.is_some() { 2 } else { 1 };
         self.pop(n);
-        // result sees only the accumulator
+        // the step's type binds what the accumulator's left open (`map`'s `[]`), as cel-go's
+        // assignment check does; the result sees only the accumulator
+        if let Some(entry) = self.scopes.last_mut() {
+            entry.2 = at.fill(&st);
+        }
         let (result, rt2) = self.compile(&c.result)?;
         self.pop(1);
-        let _ = st;
-        let _ = at;
         Ok((
             Node::Comp(Box::new(Comp {
                 range,
@@ -205,6 +230,7 @@ fn type_name_static(n: &str) -> &'static str {
         "list" => "list",
         "map" => "map",
         "null_type" => "null_type",
+        "optional_type" => "optional_type",
         _ => "type",
     }
 }
@@ -217,7 +243,7 @@ pub(super) fn iter_types(rt: &Ty, two: bool) -> Option<(Ty, Ty)> {
             ((**e).clone(), Ty::Dyn)
         }),
         Ty::Map(k, v) => Some(((**k).clone(), (**v).clone())),
-        Ty::Dyn | Ty::Any => Some((Ty::Dyn, Ty::Dyn)),
+        t if t.is_dyn() => Some((Ty::Dyn, Ty::Dyn)),
         _ => None,
     }
 }

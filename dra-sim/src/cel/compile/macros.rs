@@ -34,6 +34,8 @@ impl Compiler<'_> {
         let t = target?;
         match (fname, call.args.len()) {
             ("all" | "exists" | "existsOne", 3) => Some(self.macro3(id, fname, t, &call.args)),
+            // cel-go's two-variable comprehensions take the snake-case spelling too
+            ("exists_one", 3) => Some(self.macro3(id, "existsOne", t, &call.args)),
             ("transformList" | "transformMap" | "transformMapEntry", 3 | 4) => {
                 Some(self.transform(fname, t, &call.args))
             }
@@ -313,11 +315,23 @@ impl Compiler<'_> {
         let var1 = self.push(v, elem);
         let key = self.compile(&args[1]);
         self.pop(2);
-        let (key, _) = match key {
+        let (key, kt) = match key {
             Ok(k) => k,
             Err(e) => {
                 self.pop(1);
                 return Err(e);
+            }
+        };
+        // the keys must be of a comparable type; a `dyn` one picks the overload at run time
+        let func = match kt {
+            Ty::Int | Ty::Uint | Ty::Double | Ty::Bool | Ty::Str | Ty::Bytes => Func::SortByKeys,
+            t if t.is_dyn() => Func::SortByKeysDyn,
+            t => {
+                self.pop(1);
+                return Err(self.err(
+                    args[1].id,
+                    format!("found no matching overload for '@sortByAssociatedKeys' applied to '{rt}.(list({t}))'"),
+                ));
             }
         };
         let keys = Node::Comp(Box::new(Comp {
@@ -348,7 +362,7 @@ impl Compiler<'_> {
                 slot: input,
                 init: Box::new(range),
                 body: Box::new(Node::Call {
-                    func: Func::SortByKeys,
+                    func,
                     args: vec![Node::Local(input), keys],
                 }),
             },

@@ -28,6 +28,8 @@ pub struct Compiler<'a> {
     format_types: std::collections::HashMap<u64, Ty>,
     /// Errors of upstream's AST validators, reported only when checking succeeded.
     invalid: Vec<(u64, String)>,
+    /// The first error cel-go's planner would raise for what checking saw (see `ident`).
+    pub unplannable: Option<String>,
 }
 
 type R = Result<(Node, Ty), String>;
@@ -50,6 +52,7 @@ impl<'a> Compiler<'a> {
             in_format: 0,
             format_types: Default::default(),
             invalid: Vec::new(),
+            unplannable: None,
         }
     }
 
@@ -57,13 +60,26 @@ impl<'a> Compiler<'a> {
     /// homogeneous-literal validator's error (every one, unlike lists), unless inside `format`.
     fn join_entry(&mut self, prev: Option<Ty>, t: Ty, id: u64) -> Ty {
         let Some(p) = prev else { return t };
-        p.unify(&t).unwrap_or_else(|| {
-            if self.in_format == 0 {
-                self.invalid
-                    .push((id, format!("expected type '{p}' but found '{t}'")));
-            }
-            Ty::Dyn
-        })
+        if !p.exactly(&t) && self.in_format == 0 {
+            self.invalid
+                .push((id, format!("expected type '{p}' but found '{t}'")));
+        }
+        p.join(&t).unwrap_or(Ty::Dyn)
+    }
+
+    /// Whether the macro expanded at `id` was written `existsOne(x, p)`: the `cel` crate's
+    /// parser expands it like `exists_one`, cel-go knows only the three-argument form.
+    fn camel_exists_one(&self, id: u64) -> bool {
+        let Some((start, _)) = self.src.offset_for(id) else {
+            return false;
+        };
+        let (Some(head), Some(tail)) = (
+            self.text.get(..start as usize),
+            self.text.get(start as usize..),
+        ) else {
+            return false;
+        };
+        tail.starts_with("existsOne") || head.trim_end().ends_with("existsOne")
     }
 
     /// The validators' errors, in source order (as cel-go lists them).
@@ -138,7 +154,7 @@ impl<'a> Compiler<'a> {
             Expr::Call(call) => self.call(e.id, call),
             Expr::List(l) => self.list(l),
             Expr::Map(m) => self.map(m),
-            Expr::Comprehension(c) => self.comprehension(c),
+            Expr::Comprehension(c) => self.comprehension(e.id, c),
             Expr::Struct(_) => Err(self.err(
                 e.id,
                 "struct literals are not supported in this environment".into(),

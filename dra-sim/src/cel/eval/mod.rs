@@ -4,10 +4,10 @@
 use super::device::{RawDevice, device_value, raw_field};
 use super::func::Func;
 use super::fuse::{FIELD_COST, PROP_COST};
-use super::lib::stdlib::{display, index, opt_select, select};
+use super::lib::stdlib::{self, display, index, opt_select, select};
 use super::lib::{self, regex};
 use super::node::{Comp, DeviceProp, FieldMode, Node};
-use super::value::{EvalResult, MapVal, Value, b, int_len, no_overload};
+use super::value::{EvalResult, MapVal, Value, b, hashable, int_len, no_overload};
 use std::sync::Arc;
 
 pub const COST_LIMIT: u64 = 1_000_000;
@@ -23,7 +23,10 @@ pub enum DeviceInput<'a> {
 }
 
 pub struct Ctx<'a> {
-    pub locals: Vec<Value>,
+    /// Variables: a comprehension's accumulator may hold an error (cel-go's `all`/`exists`
+    /// absorb it when a later element decides), and a `cel.bind` variable the failure of its
+    /// initializer, which only a use of the variable raises.
+    pub locals: Vec<EvalResult>,
     pub device: DeviceInput<'a>,
     /// The raw device's whole value, once something needed it.
     pub built: Option<Value>,
@@ -31,6 +34,27 @@ pub struct Ctx<'a> {
     /// The root of an attribute that cel-go resolves without observing it (a ternary's branch):
     /// its own unit is not charged. Null when there is none.
     pub skip_root: *const Node,
+    /// A Go panic inside cel-go (hashing a key Go cannot hash): it ends the whole evaluation
+    /// with this error, whatever would have absorbed an error, and charges nothing more.
+    pub panic: Option<String>,
+}
+
+/// How the errors of Go panics that cel-go recovers begin.
+const PANIC: &str = "internal error: ";
+
+/// The Go panic cel-go's cost tracker raises for a call of `func` whose arguments `failed`
+/// (by position): ext.Lists' trackers read their list or depth argument without checking it
+/// is not an error.
+fn tracker_panic(func: Func, failed: &[bool]) -> Option<String> {
+    let arg = match func {
+        Func::Distinct | Func::Sort => 0,
+        Func::SortByKeys | Func::Flatten => 1,
+        _ => return None,
+    };
+    failed
+        .get(arg)
+        .is_some_and(|f| *f)
+        .then(|| format!("{PANIC}interface conversion: *types.Err is not a list or an int"))
 }
 
 impl Ctx<'_> {
@@ -61,6 +85,9 @@ impl Ctx<'_> {
     /// evaluation there; an error here could be absorbed (`&&`, `||`, `@not_strictly_false`), so
     /// the cost stays where it first passed the limit and [`Ctx::exceeded`] decides the outcome.
     fn charge(&mut self, n: u64) -> Result<(), String> {
+        if let Some(p) = &self.panic {
+            return Err(p.clone());
+        }
         if self.exceeded() {
             return Err(COST_EXCEEDED.to_string());
         }
@@ -75,6 +102,18 @@ impl Ctx<'_> {
     /// exceeded`, whatever the value computed).
     pub fn exceeded(&self) -> bool {
         self.cost > COST_LIMIT
+    }
+
+    /// Whether `r` is a Go panic, which it then records (see `panic`): the step that panicked
+    /// is not charged.
+    fn panicked(&mut self, r: &EvalResult) -> bool {
+        match r {
+            Err(e) if e.starts_with(PANIC) => {
+                self.panic.get_or_insert_with(|| e.clone());
+                true
+            }
+            _ => false,
+        }
     }
 
     pub fn eval(&mut self, n: &Node) -> EvalResult {
@@ -93,7 +132,7 @@ impl Ctx<'_> {
             } => self.device_field(n, *capacity, domain, id, *mode),
             Node::Local(s) => {
                 self.charge_attr(n, 1)?;
-                Ok(self.locals[*s].clone())
+                self.locals[*s].clone()
             }
             Node::Select {
                 operand,
@@ -122,15 +161,25 @@ impl Ctx<'_> {
             }
             Node::Map { entries } => {
                 let r = self.eval_map(entries);
+                if self.panicked(&r) {
+                    return r;
+                }
                 self.charge(if folded(n) { 0 } else { 30 })?;
                 r
             }
             Node::Bind { slot, init, body } => {
-                let v = self.eval(init)?;
+                let v = self.eval(init);
                 self.locals[*slot] = v;
                 self.eval(body)
             }
             Node::Comp(c) => self.comp(c),
+            // a set lookup is no call to cel-go's cost tracker
+            Node::InSet { needle, set } => {
+                let x = self.eval(needle)?;
+                let r = stdlib::in_set(set, &x);
+                self.panicked(&r);
+                r
+            }
         }
     }
 
@@ -193,6 +242,19 @@ impl Ctx<'_> {
 
     /// A field selection or a presence test (`has`).
     fn selection(&mut self, operand: &Node, field: &Value, test: bool) -> EvalResult {
+        self.selection_of(operand, field, test, false)
+    }
+
+    /// [`Ctx::selection`]; `branch`: the selection is a branch of `?:`, which cel-go resolves
+    /// as an attribute of its own, without the step that reads a presence test on an optional
+    /// value as a bool: the optional field itself is the branch's value.
+    fn selection_of(
+        &mut self,
+        operand: &Node,
+        field: &Value,
+        test: bool,
+        branch: bool,
+    ) -> EvalResult {
         let v = self.eval_operand(operand)?;
         // the qualifier; a presence test costs nothing of its own (the Kubernetes
         // environment turns `PresenceTestHasCost` off), which cel-go counts by dropping
@@ -200,6 +262,7 @@ impl Ctx<'_> {
         if !test || !is_attr(operand) {
             self.charge(1)?;
         }
+        let test = test && !(branch && matches!(v, Value::Optional(_)));
         select(&v, field, test)
     }
 
@@ -271,7 +334,14 @@ impl Ctx<'_> {
             std::ptr::null()
         };
         let saved = std::mem::replace(&mut self.skip_root, root);
-        let r = self.eval(branch);
+        let r = match branch {
+            Node::Select {
+                operand,
+                field,
+                test: true,
+            } => self.selection_of(operand, field, true, true),
+            _ => self.eval(branch),
+        };
         self.skip_root = saved;
         r
     }
@@ -279,7 +349,7 @@ impl Ctx<'_> {
     /// A comprehension: the macros, two-variable comprehensions and transforms.
     fn comp(&mut self, c: &Comp) -> EvalResult {
         let range = self.eval(&c.range)?;
-        let init = self.eval(&c.init)?;
+        let init = self.eval(&c.init);
         self.locals[c.accu] = init;
         let items: Vec<(Value, Value)> = match &range {
             Value::List(l) => l
@@ -306,18 +376,21 @@ impl Ctx<'_> {
             }
         };
         for (k, v) in items {
+            if let Some(p) = &self.panic {
+                return Err(p.clone());
+            }
             if self.exceeded() {
                 return Err(COST_EXCEEDED.to_string());
             }
-            self.locals[c.var1] = k;
+            self.locals[c.var1] = Ok(k);
             if let Some(v2) = c.var2 {
-                self.locals[v2] = v;
+                self.locals[v2] = Ok(v);
             }
             let cond = self.eval(&c.cond)?;
             if let Value::Bool(false) = cond {
                 break;
             }
-            let step = self.eval(&c.step)?;
+            let step = self.eval(&c.step);
             self.locals[c.accu] = step;
         }
         self.eval(&c.result)
@@ -346,6 +419,8 @@ impl Ctx<'_> {
                 (_, true) => return no_overload(),
                 (vv, false) => vv,
             };
+            // Go hashes every key into the map it builds
+            hashable(&kv)?;
             if m.get(&kv).is_some() {
                 return Err(format!("Failed with repeated key: {}", display(&kv)));
             }
@@ -390,6 +465,10 @@ impl Ctx<'_> {
             }
             Func::Index | Func::OptIndex => {
                 let c = self.eval_operand(&args[0])?;
+                // qualifiers of an empty optional are never resolved
+                if let Value::Optional(None) = c {
+                    return Ok(c);
+                }
                 let k = self.eval(&args[1]);
                 // the qualifier: an attribute used as the index is charged as it is evaluated,
                 // anything else costs 1 more; an optional one only when it finds a value
@@ -397,36 +476,14 @@ impl Ctx<'_> {
                     Ok(k) => lib::call(func, &[c, k]),
                     Err(e) => Err(e),
                 };
+                if self.panicked(&r) {
+                    return r;
+                }
                 let found = func == Func::Index || matches!(r, Ok(Value::Optional(Some(_))));
                 if found && !is_attr(&args[1]) {
                     self.charge(1)?;
                 }
                 return r;
-            }
-            Func::In => {
-                // a literal list of scalar constants becomes a set lookup when planned: no cost
-                // (the compiler keeps list literals as `Node::List`, never as a constant)
-                let set: Option<Vec<Value>> = match &args[1] {
-                    Node::List { elems, .. } => elems
-                        .iter()
-                        .map(|e| match e {
-                            Node::Const(v) if is_set_member(v) => Some(v.clone()),
-                            _ => None,
-                        })
-                        .collect(),
-                    _ => None,
-                };
-                if let Some(l) = set {
-                    if l.is_empty() {
-                        return b(false);
-                    }
-                    let x = self.eval(&args[0])?;
-                    return lib::call(func, &[x, Value::List(Arc::new(l))]);
-                }
-            }
-            _ if is_conversion(func) && folded(&args[0]) => {
-                let x = self.eval(&args[0])?;
-                return lib::call(func, &[x]);
             }
             _ => {}
         }
@@ -445,6 +502,12 @@ impl Ctx<'_> {
             }
             let n = args.len();
             if let Some(Err(e)) = vals[..n].iter().find(|v| v.is_err()) {
+                let failed = [vals[0].is_err(), vals[1].is_err()];
+                if let Some(p) = tracker_panic(func, &failed[..n]) {
+                    let r = Err(p);
+                    self.panicked(&r);
+                    return r;
+                }
                 let e = e.clone();
                 let placeholders = vals.map(|v| v.unwrap_or(Value::Null));
                 self.charge(lib::cost(func, &placeholders[..n], &Value::Null))?;
@@ -452,6 +515,9 @@ impl Ctx<'_> {
             }
             let vals = vals.map(|v| v.expect("no argument failed"));
             let r = lib::call(func, &vals[..n]);
+            if self.panicked(&r) {
+                return r;
+            }
             self.charge(lib::cost(
                 func,
                 &vals[..n],
@@ -473,6 +539,9 @@ impl Ctx<'_> {
             }
         }
         let r = lib::call(func, &vals);
+        if self.panicked(&r) {
+            return r;
+        }
         self.charge(lib::cost(func, &vals, r.as_ref().unwrap_or(&Value::Null)))?;
         r
     }
@@ -508,37 +577,13 @@ fn spine_root(mut n: &Node) -> &Node {
     }
 }
 
-/// Whether cel-go's planner turns `n` into a constant (`OptOptimize`: list and map literals of
-/// constants, type conversions of constants).
-fn folded(n: &Node) -> bool {
+/// Whether cel-go's planner turns `n` into a constant (list and map literals of constants; see
+/// `plan.rs`, which folds all but those whose building fails).
+pub(super) fn folded(n: &Node) -> bool {
     match n {
         Node::Const(_) => true,
         Node::List { elems, .. } => elems.iter().all(folded),
         Node::Map { entries } => entries.iter().all(|(k, v, _)| folded(k) && folded(v)),
-        Node::Call { func, args } => is_conversion(*func) && args.len() == 1 && folded(&args[0]),
         _ => false,
     }
-}
-
-/// The type conversions (and `type`, `dyn`) that cel-go's planner evaluates when their argument
-/// is a constant.
-fn is_conversion(f: Func) -> bool {
-    matches!(
-        f,
-        Func::ToInt
-            | Func::ToUint
-            | Func::ToDouble
-            | Func::ToString
-            | Func::ToBool
-            | Func::TypeOf
-            | Func::Dyn
-    )
-}
-
-/// A constant list member that lets cel-go plan `in` as a set lookup.
-fn is_set_member(v: &Value) -> bool {
-    matches!(
-        v,
-        Value::Bool(_) | Value::Int(_) | Value::Uint(_) | Value::Double(_) | Value::Str(_)
-    )
 }

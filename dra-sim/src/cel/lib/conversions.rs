@@ -1,4 +1,4 @@
-//! cel-go's standard conversions: `int`, `uint`, `double`, `string`, `bool`, `type`, `dyn`.
+//! cel-go's standard conversions: `int`, `uint`, `double`, `string`, `bool`, `bytes`, `type`, `dyn`.
 use super::overload::{Resolved, Sig};
 use crate::cel::func::Func;
 use crate::cel::types::Ty;
@@ -7,7 +7,9 @@ use crate::cel::value::{
 };
 
 /// The names this library declares (a call with other arguments finds no overload).
-pub(super) const NAMES: &[&str] = &["int", "uint", "double", "string", "bool", "type", "dyn"];
+pub(super) const NAMES: &[&str] = &[
+    "int", "uint", "double", "string", "bool", "bytes", "type", "dyn",
+];
 
 pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
     use Func as F;
@@ -29,6 +31,7 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
             ok!(F::ToString, Str)
         }
         ("bool", false, 1) if matches!(t[0], Bool | Str) || s.d(0) => ok!(F::ToBool, Bool),
+        ("bytes", false, 1) if matches!(t[0], Bytes | Str) || s.d(0) => ok!(F::ToBytes, Bytes),
         ("type", false, 1) => ok!(F::TypeOf, Type),
         ("dyn", false, 1) => ok!(F::Dyn, Dyn),
         _ => None,
@@ -87,6 +90,11 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
                 .map_err(|_| BYTES_NOT_UTF8.into()),
             Ip(x) => Ok(Value::str(&x.to_string())),
             Cidr(p) => Ok(Value::str(&p.to_string())),
+            _ => no_overload(),
+        },
+        Func::ToBytes => match &a[0] {
+            Bytes(x) => Ok(Bytes(x.clone())),
+            Str(s) => Ok(Bytes(std::sync::Arc::from(s.as_bytes()))),
             _ => no_overload(),
         },
         Func::ToBool => match &a[0] {

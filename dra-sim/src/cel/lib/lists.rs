@@ -28,12 +28,63 @@ pub(super) const NAMES: &[&str] = &[
     "reverse",
 ];
 
+/// The element types of the comparison overloads (`isSorted`, `min`, `max`, `sort`) and of
+/// `sum`'s, as far as this environment has values of them (no durations or timestamps).
+const COMPARABLE: &[Ty] = &[Ty::Int, Ty::Uint, Ty::Double, Ty::Bool, Ty::Str, Ty::Bytes];
+const SUMMABLE: &[Ty] = &[Ty::Int, Ty::Uint, Ty::Double];
+
+/// cel-go's checker over one overload `list(T) -> result(T)` per element type: the result of
+/// the overload the receiver fits, `dyn` when it fits several with different results (a `dyn`
+/// list, an attribute value).
+fn per_elem(recv: &Ty, elems: &[Ty], result: impl Fn(&Ty) -> Ty) -> Option<Ty> {
+    if *recv == Ty::list(Ty::Free) {
+        // `[]`: the first overload binds its element type
+        return elems.first().map(result);
+    }
+    let mut out: Option<Ty> = None;
+    for e in elems
+        .iter()
+        .filter(|e| Ty::list((*e).clone()).accepts(recv))
+    {
+        let r = result(e);
+        out = Some(match out {
+            Some(prev) if prev != r => Ty::Dyn,
+            _ => r,
+        });
+    }
+    out
+}
+
+/// `list(T) -> list(T)`: the receiver's list type (a `dyn` receiver leaves `T` free: `dyn`).
+fn same_list(recv: &Ty) -> Option<Ty> {
+    match recv {
+        Ty::List(_) => Some(recv.clone()),
+        x if x.is_dyn() => Some(Ty::list(Ty::Dyn)),
+        _ => None,
+    }
+}
+
+/// `flatten()`: `list(list(T)) -> list(T)`.
+fn flattened(recv: &Ty) -> Option<Ty> {
+    match recv {
+        Ty::List(e) => match &**e {
+            Ty::List(inner) => Some(Ty::List(inner.clone())),
+            x if x.is_dyn() => Some(Ty::list(Ty::Dyn)),
+            _ => None,
+        },
+        x if x.is_dyn() => Some(Ty::list(Ty::Dyn)),
+        _ => None,
+    }
+}
+
 pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
     use Func as F;
     use Ty::*;
     let (name, t, n) = (s.name, s.t, s.t.len());
+    let found = |f: Func, r: Option<Ty>| r.map(|r| Ok((f, r)));
     match (name, s.member, n) {
-        ("indexOf" | "lastIndexOf", true, 2) if s.list_like(0) => {
+        // `list(A).indexOf(A)`: the argument must fit the element type
+        ("indexOf" | "lastIndexOf", true, 2) if s.list_like(0) && t[0].elem().accepts(&t[1]) => {
             ok!(
                 if name == "indexOf" {
                     F::IndexOf
@@ -43,18 +94,22 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
                 Int
             )
         }
-        ("reverse", true, 1) if s.list_like(0) => ok!(F::Reverse, t[0].clone()),
-        ("isSorted", true, 1) if s.list_like(0) => ok!(F::IsSorted, Bool),
-        ("sum", true, 1) if s.list_like(0) => ok!(F::Sum, t[0].elem()),
-        ("min" | "max", true, 1) if s.list_like(0) => {
-            ok!(if name == "min" { F::Min } else { F::Max }, t[0].elem())
-        }
-        ("slice", true, 3) if s.list_like(0) && s.is(1, &Int) && s.is(2, &Int) => {
-            ok!(F::Slice, t[0].clone())
-        }
-        ("flatten", true, 1 | 2) if s.list_like(0) => ok!(F::Flatten, List(Box::new(Dyn))),
-        ("distinct", true, 1) if s.list_like(0) => ok!(F::Distinct, t[0].clone()),
-        ("sort", true, 1) if s.list_like(0) => ok!(F::Sort, t[0].clone()),
+        ("reverse", true, 1) => found(F::Reverse, same_list(&t[0])),
+        ("isSorted", true, 1) => found(F::IsSorted, per_elem(&t[0], COMPARABLE, |_| Bool)),
+        ("sum", true, 1) => found(F::Sum, per_elem(&t[0], SUMMABLE, Ty::clone)),
+        ("min" | "max", true, 1) => found(
+            if name == "min" { F::Min } else { F::Max },
+            per_elem(&t[0], COMPARABLE, Ty::clone),
+        ),
+        ("slice", true, 3) if s.is(1, &Int) && s.is(2, &Int) => found(F::Slice, same_list(&t[0])),
+        ("flatten", true, 1) => found(F::Flatten, flattened(&t[0])),
+        ("flatten", true, 2) if s.list_like(0) && s.is(1, &Int) => ok!(F::Flatten, Ty::list(Dyn)),
+        ("distinct", true, 1) => found(F::Distinct, same_list(&t[0])),
+        ("sort", true, 1) => found(
+            F::Sort,
+            per_elem(&t[0], COMPARABLE, |e| Ty::list(e.clone())),
+        )
+        .map(|r| r.map(|(f, ty)| (if ty == Dyn { F::SortDyn } else { f }, ty))),
         ("includes", true, 2) => ok!(F::Includes, Bool),
         ("first" | "last", true, 1) if s.list_like(0) => {
             ok!(
@@ -67,6 +122,9 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
     }
 }
 
+/// ext.Lists' default cap on `lists.range`.
+const MAX_RANGE: i64 = 10_000_000;
+
 pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
     use Value::*;
     match f {
@@ -75,7 +133,9 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
             List(l) => Ok(List(Arc::new(l.iter().rev().cloned().collect()))),
             _ => no_overload(),
         },
-        Func::IsSorted | Func::Sum | Func::Min | Func::Max | Func::Sort => aggregate(f, a),
+        Func::IsSorted | Func::Sum | Func::Min | Func::Max | Func::Sort | Func::SortDyn => {
+            aggregate(f, a)
+        }
         Func::Slice => slice(a),
         Func::Flatten => flatten(a),
         Func::Distinct => {
@@ -90,6 +150,14 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
         }
         Func::ListsRange => {
             let Int(n) = &a[0] else { return no_overload() };
+            if *n < 0 {
+                return Err(format!("lists.range: size must be non-negative, got {n}"));
+            }
+            if *n > MAX_RANGE {
+                return Err(format!(
+                    "lists.range: size {n} exceeds maximum allowed ({MAX_RANGE})"
+                ));
+            }
             Ok(List(Arc::new((0..*n).map(Int).collect())))
         }
         Func::First | Func::Last => {
@@ -112,7 +180,7 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
             }
             x => b(equals(x, &a[1]).unwrap_or(false)),
         },
-        Func::SortByKeys => sort_by_keys(a),
+        Func::SortByKeys | Func::SortByKeysDyn => sort_by_keys(a),
         _ => no_overload(),
     }
 }
@@ -136,61 +204,87 @@ fn index_of(f: Func, a: &[Value]) -> EvalResult {
     }
 }
 
-/// `IsSorted`, `Sum`, `Min`, `Max`, `Sort`.
+/// The overload cel-go's runtime dispatch picks for a list function declared per element type:
+/// by the type of the list's first member (an empty list takes the first overload, `int`).
+/// `None` when no overload takes that type.
+fn dispatch<'v>(l: &'v [Value], elems: &[&str]) -> Option<&'v Value> {
+    match l.first() {
+        None => Some(&Value::Int(0)),
+        Some(v) if elems.contains(&v.type_name()) => Some(v),
+        Some(_) => None,
+    }
+}
+
+/// The types cel-go can compare (`traits.Comparer`).
+fn comparer(v: &Value) -> bool {
+    use Value::*;
+    matches!(
+        v,
+        Bool(_) | Bytes(_) | Double(_) | Int(_) | Str(_) | Uint(_)
+    )
+}
+
+/// `a.Compare(b)` where it gives an answer (cel-go's functions here ignore the errors).
+fn order(a: &Value, b: &Value) -> Option<Ordering> {
+    super::stdlib::compare(a, b).ok().flatten()
+}
+
+const COMPARABLE_NAMES: &[&str] = &["int", "uint", "double", "bool", "string", "bytes"];
+
+/// `IsSorted`, `Sum`, `Min`, `Max` (the Kubernetes lists library), `Sort` (ext.Lists): after
+/// cel-go's dispatch by the first member's type, each member is compared with (or added to)
+/// the previous result; a comparison that fails counts as "not in order".
 fn aggregate(f: Func, a: &[Value]) -> EvalResult {
     use Value::*;
     let List(l) = &a[0] else { return no_overload() };
     match f {
         Func::IsSorted => {
-            for w in l.windows(2) {
-                if super::stdlib::compare(&w[0], &w[1])?.ok_or(NO_OVERLOAD)? == Ordering::Greater {
+            dispatch(l, COMPARABLE_NAMES).ok_or(NO_OVERLOAD)?;
+            let mut prev: Option<&Value> = None;
+            for x in l.iter() {
+                if !comparer(x) {
+                    return no_overload();
+                }
+                if prev.is_some_and(|p| order(p, x) == Some(Ordering::Greater)) {
                     return b(false);
                 }
+                prev = Some(x);
             }
             b(true)
         }
         Func::Sum => {
-            let mut acc = match l.first() {
-                None => return Ok(Int(0)),
-                Some(v) => v.clone(),
+            let mut acc = match dispatch(l, &["int", "uint", "double"]).ok_or(NO_OVERLOAD)? {
+                Int(_) => Int(0),
+                Uint(_) => Uint(0),
+                _ => Double(0.0),
             };
-            for x in &l[1..] {
+            for x in l.iter() {
                 acc = super::stdlib::call(Func::Add, &[acc, x.clone()])?;
             }
             Ok(acc)
         }
         Func::Min | Func::Max => {
-            let Some(mut best) = l.first().cloned() else {
-                return Err(format!(
-                    "{}(list) argument must not be empty",
-                    if f == Func::Min { "min" } else { "max" }
-                ));
+            dispatch(l, COMPARABLE_NAMES).ok_or(NO_OVERLOAD)?;
+            let name = if f == Func::Min { "min" } else { "max" };
+            let Some(mut best) = l.first() else {
+                return Err(format!("{name} called on empty list"));
             };
-            for x in &l[1..] {
-                let o = super::stdlib::compare(x, &best)?.ok_or(NO_OVERLOAD)?;
-                if (f == Func::Min && o == Ordering::Less)
-                    || (f == Func::Max && o == Ordering::Greater)
-                {
-                    best = x.clone();
+            let prefer = if f == Func::Min {
+                Ordering::Greater
+            } else {
+                Ordering::Less
+            };
+            for x in l.iter() {
+                if !comparer(x) {
+                    return no_overload();
+                }
+                if order(best, x) == Some(prefer) {
+                    best = x;
                 }
             }
-            Ok(best)
+            Ok(best.clone())
         }
-        _ => {
-            let mut v = (**l).clone();
-            let mut err = None;
-            v.sort_by(|x, y| match super::stdlib::compare(x, y) {
-                Ok(Some(o)) => o,
-                _ => {
-                    err = Some("list elements must have the same type".to_string());
-                    Ordering::Equal
-                }
-            });
-            if let Some(e) = err {
-                return Err(e);
-            }
-            Ok(List(Arc::new(v)))
-        }
+        _ => sort_by_keys(&[a[0].clone(), a[0].clone()]),
     }
 }
 
@@ -244,23 +338,43 @@ fn flatten(a: &[Value]) -> EvalResult {
     Ok(List(Arc::new(out)))
 }
 
-/// `SortByKeys`.
+/// `SortByKeys` (ext.Lists' `@sortByAssociatedKeys`, also `sort()`): the members in the order
+/// of their keys, which must be comparable and all of the first key's type. Go's `sort.Slice`
+/// sorts up to 12 members by insertion, which this copies; longer lists sort stably, which
+/// differs only for keys that are equal and yet distinct (`0.0`, `-0.0`) or NaN.
 fn sort_by_keys(a: &[Value]) -> EvalResult {
     use Value::*;
     let (List(l), List(keys)) = (&a[0], &a[1]) else {
         return no_overload();
     };
+    if l.len() != keys.len() {
+        return Err(format!(
+            "@sortByAssociatedKeys() expected a list of the same size as the associated keys list, but got {} and {} elements respectively",
+            l.len(),
+            keys.len()
+        ));
+    }
+    let Some(first) = keys.first() else {
+        return Ok(a[0].clone());
+    };
+    if !comparer(first) {
+        return Err("list elements must be comparable".into());
+    }
+    if keys.len() > 1 && keys.iter().any(|k| k.type_name() != first.type_name()) {
+        return Err("list elements must have the same type".into());
+    }
+    let less = |i: usize, j: usize| order(&keys[i], &keys[j]) == Some(Ordering::Less);
     let mut idx: Vec<usize> = (0..l.len()).collect();
-    let mut err = None;
-    idx.sort_by(|&i, &j| match super::stdlib::compare(&keys[i], &keys[j]) {
-        Ok(Some(o)) => o,
-        Ok(None) | Err(_) => {
-            err.get_or_insert_with(|| "list elements must have the same type".to_string());
-            Ordering::Equal
+    if idx.len() <= 12 {
+        for i in 1..idx.len() {
+            let mut j = i;
+            while j > 0 && less(idx[j], idx[j - 1]) {
+                idx.swap(j, j - 1);
+                j -= 1;
+            }
         }
-    });
-    if let Some(e) = err {
-        return Err(e);
+    } else {
+        idx.sort_by(|&i, &j| order(&keys[i], &keys[j]).unwrap_or(Ordering::Equal));
     }
     Ok(List(Arc::new(
         idx.into_iter().map(|i| l[i].clone()).collect(),

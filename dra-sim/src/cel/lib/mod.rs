@@ -3,7 +3,7 @@
 //! and the runtime price (`cost`). This module chains the resolvers in cel-go's order, dispatches
 //! calls and prices to the library of the function, and holds the pricing helpers they share.
 //!
-//! Functions whose name two libraries declare: `indexOf`, `lastIndexOf` and `reverse` (ext.Strings
+//! Functions whose name two libraries declare: `indexOf` and `lastIndexOf` (ext.Strings
 //! on strings, ext.Lists on lists) and the comparisons `isGreaterThan`, `isLessThan`, `compareTo`
 //! (quantity and semver) are dispatched by the receiver's value.
 use super::func::Func;
@@ -137,11 +137,17 @@ fn library(f: Func, a: &[Value]) -> Library {
         | F::EndsWith
         | F::MapInsert
         | F::MapMerge => L::Core,
-        F::ToInt | F::ToUint | F::ToDouble | F::ToString | F::ToBool | F::TypeOf | F::Dyn => {
-            L::Conversions
-        }
+        F::ToInt
+        | F::ToUint
+        | F::ToDouble
+        | F::ToString
+        | F::ToBool
+        | F::ToBytes
+        | F::TypeOf
+        | F::Dyn => L::Conversions,
         F::Matches | F::Find | F::FindAll => L::Regex,
-        F::IndexOf | F::LastIndexOf | F::Reverse => match a.first() {
+        F::Reverse => L::Lists,
+        F::IndexOf | F::LastIndexOf => match a.first() {
             Some(Value::List(_)) => L::Lists,
             _ => L::Strings,
         },
@@ -166,7 +172,9 @@ fn library(f: Func, a: &[Value]) -> Library {
         | F::First
         | F::Last
         | F::Sort
+        | F::SortDyn
         | F::SortByKeys
+        | F::SortByKeysDyn
         | F::Includes => L::Lists,
         F::SetsContains | F::SetsEquivalent | F::SetsIntersects => L::Sets,
         F::OptionalOf

@@ -25,14 +25,14 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
     match (name, s.member, n) {
         ("optional.of", false, 1) => ok!(F::OptionalOf, Ty::opt(t[0].clone())),
         ("optional.ofNonZeroValue", false, 1) => ok!(F::OptionalOfNonZero, Ty::opt(t[0].clone())),
-        ("optional.none", false, 0) => ok!(F::OptionalNone, Ty::opt(Dyn)),
+        ("optional.none", false, 0) => ok!(F::OptionalNone, Ty::opt(Ty::Free)),
         ("hasValue", true, 1) if matches!(t[0], Opt(_)) || s.d(0) => ok!(F::HasValue, Bool),
         ("value", true, 1) if matches!(t[0], Opt(_)) || s.d(0) => {
             ok!(F::OptValue, inner_opt(&t[0]))
         }
         ("orValue", true, 2) if matches!(t[0], Opt(_)) || s.d(0) => {
             let it = inner_opt(&t[0]);
-            let Some(u) = it.unify(&t[1]) else {
+            let Some(u) = it.bind(&t[1]) else {
                 return Some(Err(None));
             };
             ok!(F::OrValue, u)
@@ -40,7 +40,7 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
         ("or", true, 2)
             if (matches!(t[0], Opt(_)) || s.d(0)) && (matches!(t[1], Opt(_)) || s.d(1)) =>
         {
-            let Some(u) = t[0].unify(&t[1]) else {
+            let Some(u) = t[0].bind(&t[1]) else {
                 return Some(Err(None));
             };
             ok!(F::Or, u)

@@ -96,7 +96,7 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
             } else {
                 q.sub(&o)?
             };
-            Ok(Quantity(r))
+            Ok(Quantity(r.by_pointer()))
         }
         Func::IsGreaterThan | Func::IsLessThan | Func::CompareTo => {
             let (Quantity(x), Quantity(y)) = (&a[0], &a[1]) else {

@@ -6,7 +6,8 @@ use super::price::{size, tenths};
 use crate::cel::func::Func;
 use crate::cel::types::Ty;
 use crate::cel::value::{
-    EvalResult, MapVal, Value, b, double_to_int_lossless, equals, int_len, no_overload, num_cmp,
+    EvalResult, MapVal, Value, b, double_to_int_lossless, double_to_uint_lossless, equals,
+    hashable, int_len, no_overload, num_cmp,
 };
 use std::cmp::Ordering;
 use std::sync::Arc;
@@ -39,58 +40,84 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
     arithmetic(s).or_else(|| relations(s))
 }
 
+/// The result type of the overloads whose parameters accept the arguments (as cel-go's
+/// checker: each argument on its own, `dyn` fitting anything): the first one's, or `dyn` when
+/// several with different results match.
+fn overloads(t: &[Ty], sigs: &[(&[Ty], Ty)]) -> Option<Ty> {
+    let mut out: Option<Ty> = None;
+    for (params, result) in sigs {
+        if params.iter().zip(t).all(|(p, a)| p.accepts(a)) {
+            out = Some(match out {
+                Some(prev) if prev != *result => Ty::Dyn,
+                _ => result.clone(),
+            });
+        }
+    }
+    out
+}
+
+/// Whether the timestamp and duration overloads of `+`, `-` and the orderings (which this
+/// environment has no values of) would match: `null` stands for them, `dyn` for anything.
+fn time_like(t: &[Ty]) -> bool {
+    t.iter().all(|x| x.is_dyn() || *x == Ty::Null) && t.contains(&Ty::Null)
+}
+
+/// `list(A) + list(A)`: the joined list type, if both sides may be lists.
+fn list_concat(t: &[Ty]) -> Option<Ty> {
+    match (&t[0], &t[1]) {
+        (Ty::List(a), Ty::List(b)) => a.bind(b).map(Ty::list),
+        (Ty::List(a), d) | (d, Ty::List(a)) if d.is_dyn() => Some(Ty::list((**a).clone())),
+        (a, b) if a.is_dyn() && b.is_dyn() => Some(Ty::Dyn),
+        _ => None,
+    }
+}
+
 /// `+`, `-`, `*`, `/`, `%`, negation and `!`.
 fn arithmetic(s: &Sig) -> Option<Resolved> {
     use Func as F;
     use Ty::*;
     let (name, t, n) = (s.name, s.t, s.t.len());
-    Some(match (name, s.member, n) {
+    let num: &[(&[Ty], Ty)] = &[
+        (&[Int, Int], Int),
+        (&[Uint, Uint], Uint),
+        (&[Double, Double], Double),
+    ];
+    let found = |r: Option<Ty>, f: Func| Some(r.map(|ty| (f, ty)).ok_or(None));
+    match (name, s.member, n) {
         ("_+_", false, 2) => {
-            let Some(u) = t[0].unify(&t[1]) else {
-                return Some(Err(None));
-            };
-            match &u {
-                Int | Uint | Double | Str | Bytes | List(_) | Dyn => ok!(F::Add, u),
-                _ => Err(None),
-            }
+            let text: &[(&[Ty], Ty)] = &[(&[Str, Str], Str), (&[Bytes, Bytes], Bytes)];
+            let time = time_like(t).then_some(Dyn);
+            let r = [overloads(t, num), overloads(t, text), list_concat(t), time]
+                .into_iter()
+                .flatten()
+                .reduce(|a, b| if a == b { a } else { Dyn });
+            found(r, F::Add)
         }
         ("_-_" | "_*_" | "_/_", false, 2) => {
-            let Some(u) = t[0].unify(&t[1]) else {
-                return Some(Err(None));
+            let f = match name {
+                "_-_" => F::Sub,
+                "_*_" => F::Mul,
+                _ => F::Div,
             };
-            if u.is_num() || u == Dyn {
-                let f = match name {
-                    "_-_" => F::Sub,
-                    "_*_" => F::Mul,
-                    _ => F::Div,
-                };
-                ok!(f, u)
-            }
-            Err(None)
+            let time = (f == F::Sub && time_like(t)).then_some(Dyn);
+            found(overloads(t, num).or(time), f)
         }
-        ("_%_", false, 2) => {
-            let Some(u) = t[0].unify(&t[1]) else {
-                return Some(Err(None));
-            };
-            if matches!(u, Int | Uint | Dyn) {
-                ok!(F::Mod, u)
-            }
-            Err(None)
-        }
-        ("-_", false, 1) => {
-            if matches!(t[0], Int | Double) || s.d(0) {
-                ok!(F::Neg, if s.d(0) { Dyn } else { t[0].clone() })
-            }
-            Err(None)
-        }
-        ("!_", false, 1) => {
-            if s.is(0, &Bool) {
-                ok!(F::Not, Bool)
-            }
-            Err(None)
-        }
-        _ => return None,
-    })
+        ("_%_", false, 2) => found(overloads(t, &num[..2]), F::Mod),
+        ("-_", false, 1) => found(overloads(t, &[(&[Int], Int), (&[Double], Double)]), F::Neg),
+        ("!_", false, 1) => found(overloads(t, &[(&[Bool], Bool)]), F::Not),
+        _ => None,
+    }
+}
+
+/// Whether `<`, `<=`, `>`, `>=` have an overload: numbers of any two types (cel-go's
+/// cross-type numeric comparisons), or two strings, bytes or bools.
+fn ordered(t: &[Ty]) -> bool {
+    let num = |x: &Ty| x.is_num() || x.is_dyn();
+    (num(&t[0]) && num(&t[1]))
+        || time_like(t)
+        || [Ty::Str, Ty::Bytes, Ty::Bool]
+            .iter()
+            .any(|k| k.accepts(&t[0]) && k.accepts(&t[1]))
 }
 
 /// Equality, ordering, `in`, indexing, `size` and the string tests.
@@ -107,11 +134,7 @@ fn relations(s: &Sig) -> Option<Resolved> {
             Err(None)
         }
         ("_<_" | "_<=_" | "_>_" | "_>=_", false, 2) => {
-            let okk = (t[0].is_num() || s.d(0)) && (t[1].is_num() || s.d(1))
-                || t[0]
-                    .unify(&t[1])
-                    .is_some_and(|u| matches!(u, Str | Bytes | Bool | Dyn));
-            if okk {
+            if ordered(t) {
                 let f = match name {
                     "_<_" => F::Lt,
                     "_<=_" => F::Le,
@@ -128,21 +151,23 @@ fn relations(s: &Sig) -> Option<Resolved> {
             x if x.is_dyn() => ok!(F::In, Bool),
             _ => Err(None),
         },
-        ("_[_]", false, 2) => match &t[0] {
-            List(e) if s.is(1, &Int) || t[1] == Uint || t[1] == Double => {
-                ok!(F::Index, (**e).clone())
+        // an index into an optional list or map is an optional one (the optional library)
+        ("_[_]" | "_[?_]", false, 2) => {
+            let (holder, opt) = match &t[0] {
+                Opt(inner) => (&**inner, true),
+                x => (x, name == "_[?_]"),
+            };
+            let elem = match holder {
+                List(e) if Int.accepts(&t[1]) => (**e).clone(),
+                Map(k, v) if k.unify(&t[1]).is_some() => (**v).clone(),
+                x if x.is_dyn() => Dyn,
+                _ => return Some(Err(None)),
+            };
+            if opt {
+                ok!(F::OptIndex, Ty::opt(elem))
             }
-            Map(k, v) if k.unify(&t[1]).is_some() => ok!(F::Index, (**v).clone()),
-            x if x.is_dyn() => ok!(F::Index, Dyn),
-            _ => Err(None),
-        },
-        ("_[?_]", false, 2) => match &t[0] {
-            List(e) => ok!(F::OptIndex, Ty::opt((**e).clone())),
-            Map(_, v) => ok!(F::OptIndex, Ty::opt((**v).clone())),
-            Opt(inner) => ok!(F::OptIndex, Ty::opt(inner.elem())),
-            x if x.is_dyn() => ok!(F::OptIndex, Ty::opt(Dyn)),
-            _ => Err(None),
-        },
+            ok!(F::Index, elem)
+        }
         ("size", _, 1) => {
             if matches!(t[0], Str | Bytes | List(_) | Map(_, _)) || s.d(0) {
                 ok!(F::Size, Int)
@@ -300,24 +325,51 @@ fn mul(a: &[Value]) -> EvalResult {
     }
 }
 
-/// `In`.
+/// `In`: on a list, whether the value equals a member (asked of the value, as cel-go does:
+/// a quantity is not equal to anything else); on a map, whether it finds the key.
 fn contained(a: &[Value]) -> EvalResult {
     use Value::*;
     match &a[1] {
-        List(l) => {
-            for x in l.iter() {
-                if equals(x, &a[0]).unwrap_or(false) {
-                    return b(true);
-                }
-            }
-            b(false)
-        }
-        Map(m) => {
-            check_key(&a[0])?;
-            b(m.get(&a[0]).is_some())
-        }
+        List(l) => b(l.iter().any(|x| matches!(equals(&a[0], x), Ok(true)))),
+        Map(m) => b(m.find(&a[0])?.is_some()),
         _ => no_overload(),
     }
+}
+
+/// `x in [constants]`, which cel-go plans as a lookup in a Go map of the members, each number
+/// also under its lossless twins of the other numeric types (see `plan`): `x` found as it is.
+pub(crate) fn in_set(set: &[Value], x: &Value) -> EvalResult {
+    use Value::*;
+    hashable(x)?;
+    let twins = |m: &Value| -> [Option<Value>; 3] {
+        match m {
+            Int(i) => [
+                Some(m.clone()),
+                Some(Double(*i as f64)),
+                u64::try_from(*i).ok().map(Uint),
+            ],
+            Uint(u) => [
+                Some(m.clone()),
+                Some(Double(*u as f64)),
+                i64::try_from(*u).ok().map(Int),
+            ],
+            Double(d) => [
+                Some(m.clone()),
+                double_to_int_lossless(*d).map(Int),
+                double_to_uint_lossless(*d).map(Uint),
+            ],
+            _ => [Some(m.clone()), None, None],
+        }
+    };
+    let same = |k: &Value| match (k, x) {
+        (Int(p), Int(q)) => p == q,
+        (Uint(p), Uint(q)) => p == q,
+        (Double(p), Double(q)) => p == q,
+        (Str(p), Str(q)) => p == q,
+        (Bool(p), Bool(q)) => p == q,
+        _ => false,
+    };
+    b(set.iter().any(|m| twins(m).iter().flatten().any(same)))
 }
 
 /// `MapInsert`, `MapMerge`.
@@ -332,11 +384,11 @@ fn map_insert(f: Func, a: &[Value]) -> EvalResult {
     };
     let mut out = MapVal {
         entries: m.entries.clone(),
-        default_empty: false,
+        ..MapVal::default()
     };
     for (k, v) in add {
         check_key(&k)?;
-        if map_lookup(&out, &k).is_some() {
+        if map_lookup(&out, &k)?.is_some() {
             return Err(format!("insert failed: key {} already exists", display(&k)));
         }
         out.entries.push((k, v));
@@ -393,8 +445,10 @@ pub(super) fn compare(x: &Value, y: &Value) -> Result<Option<Ordering>, String> 
         (Str(p), Str(q)) => p.cmp(q),
         (Bytes(p), Bytes(q)) => p.cmp(q),
         (Bool(p), Bool(q)) => p.cmp(q),
-        (Double(p), Double(q)) if p.is_nan() || q.is_nan() => return Ok(None),
-        (Int(_) | Uint(_) | Double(_), Int(_) | Uint(_) | Double(_)) => return Ok(None),
+        // cel-go's `Compare` refuses NaN on either side, for every numeric type
+        (Int(_) | Uint(_) | Double(_), Int(_) | Uint(_) | Double(_)) => {
+            return Err("NaN values cannot be ordered".into());
+        }
         _ => return no_overload(),
     }))
 }
@@ -407,21 +461,12 @@ pub(super) fn check_key(k: &Value) -> Result<(), String> {
     }
 }
 
-pub(super) fn map_lookup(m: &MapVal, key: &Value) -> Option<Value> {
-    if let Some(v) = m.get(key) {
-        return Some(v.clone());
+/// A map lookup: the value, or for the device's attribute and capacity maps an empty domain.
+pub(super) fn map_lookup(m: &MapVal, key: &Value) -> Result<Option<Value>, String> {
+    if let Some(v) = m.find(key)? {
+        return Ok(Some(v.clone()));
     }
-    if let Value::Double(d) = key {
-        // numeric keys compare across types; like cel-go, only a double that is exactly an int
-        // looks for that int
-        if d.fract() == 0.0 {
-            return double_to_int_lossless(*d).and_then(|i| m.get(&Value::Int(i)).cloned());
-        }
-    }
-    if m.default_empty {
-        return Some(Value::empty_map());
-    }
-    None
+    Ok(m.default_empty.then(Value::empty_map))
 }
 
 pub(crate) fn select(v: &Value, field: &Value, test: bool) -> EvalResult {
@@ -451,6 +496,12 @@ pub(crate) fn select(v: &Value, field: &Value, test: bool) -> EvalResult {
                 None => Err(format!("no such key: {f}")),
             }
         }
+        // cel-go qualifies the value an optional holds, optionally from there on
+        Value::Optional(None) if !test => Ok(Value::Optional(None)),
+        Value::Optional(Some(inner)) if !test => opt_select(inner, field),
+        Value::Optional(Some(inner)) => select(inner, field, true),
+        // a list takes only numeric qualifiers, even to test presence
+        Value::List(_) => list_index(field).map(|_| Value::Null),
         // cel-go answers presence tests (`has`, `.?`) on other types with "absent"
         _ if test => Ok(Value::Bool(false)),
         _ => Err(format!(
@@ -470,16 +521,7 @@ pub(crate) fn opt_select(v: &Value, field: &Value) -> EvalResult {
 pub(crate) fn index(c: &Value, k: &Value) -> EvalResult {
     match c {
         Value::List(l) => {
-            // cel-go's `IndexOrError`: a uint or double index must be exactly an int
-            let i = match k {
-                Value::Int(i) => Some(*i),
-                Value::Uint(u) => i64::try_from(*u).ok(),
-                Value::Double(d) => double_to_int_lossless(*d),
-                _ => return no_overload(),
-            };
-            let Some(i) = i else {
-                return Err(format!("unsupported index value {}", display(k)));
-            };
+            let i = list_index(k)?;
             match usize::try_from(i).ok().and_then(|u| l.get(u)) {
                 Some(v) => Ok(v.clone()),
                 None => Err(format!("index out of bounds: {i}")),
@@ -487,7 +529,7 @@ pub(crate) fn index(c: &Value, k: &Value) -> EvalResult {
         }
         Value::Map(m) => {
             check_key(k)?;
-            map_lookup(m, k).ok_or_else(|| format!("no such key: {}", display(k)))
+            map_lookup(m, k)?.ok_or_else(|| format!("no such key: {}", display(k)))
         }
         Value::Device(_) => match k {
             Value::Str(_) => select(c, k, false),
@@ -497,20 +539,36 @@ pub(crate) fn index(c: &Value, k: &Value) -> EvalResult {
     }
 }
 
+/// `c[?k]`: cel-go's presence-testing qualification. A value that is neither list nor map
+/// holds nothing (no error), a list index must still be a valid one.
 fn opt_index(c: &Value, k: &Value) -> EvalResult {
     match c {
         Value::List(l) => {
-            let Value::Int(i) = k else {
-                return no_overload();
-            };
+            let i = list_index(k)?;
             Ok(Value::Optional(
-                usize::try_from(*i)
+                usize::try_from(i)
                     .ok()
                     .and_then(|i| l.get(i))
                     .map(|v| Arc::new(v.clone())),
             ))
         }
-        Value::Map(m) => Ok(Value::Optional(map_lookup(m, k).map(Arc::new))),
-        _ => no_overload(),
+        Value::Map(m) => Ok(Value::Optional(map_lookup(m, k)?.map(Arc::new))),
+        _ => Ok(Value::Optional(None)),
     }
+}
+
+/// cel-go's `IndexOrError`: a list index of type int, or a uint or double that is exactly one.
+fn list_index(k: &Value) -> Result<i64, String> {
+    let i = match k {
+        Value::Int(i) => Some(*i),
+        Value::Uint(u) => i64::try_from(*u).ok(),
+        Value::Double(d) => double_to_int_lossless(*d),
+        _ => {
+            return Err(format!(
+                "unsupported index type '{}' in list",
+                k.type_name()
+            ));
+        }
+    };
+    i.ok_or_else(|| format!("unsupported index value {}", display(k)))
 }

@@ -1,6 +1,7 @@
 //! ext.Strings v2 and `strings.quote`: `charAt`, `indexOf`, `lastIndexOf`, `lowerAscii`,
-//! `upperAscii`, `trim`, `replace`, `split`, `substring`, `join`, `reverse` of strings (the
-//! overloads on lists are ext.Lists', in `lists`); `format` has its own module.
+//! `upperAscii`, `trim`, `replace`, `split`, `substring`, `join` (`reverse` of strings is v3,
+//! which Kubernetes does not declare; the list functions are ext.Lists', in `lists`); `format`
+//! has its own module.
 use super::overload::{Resolved, Sig};
 use super::price::{k8s_size, size, tenths, traversal};
 use crate::cel::func::Func;
@@ -21,7 +22,6 @@ pub(super) const NAMES: &[&str] = &[
     "split",
     "substring",
     "join",
-    "reverse",
     "strings.quote",
 ];
 
@@ -60,12 +60,9 @@ pub(super) fn resolve(s: &Sig) -> Option<Resolved> {
         {
             ok!(F::Substring, Str)
         }
-        ("join", true, 1 | 2)
-            if (t[0] == List(Box::new(Str)) || s.list_like(0)) && (n == 1 || s.is(1, &Str)) =>
-        {
+        ("join", true, 1 | 2) if Ty::list(Str).accepts(&t[0]) && (n == 1 || s.is(1, &Str)) => {
             ok!(F::Join, Str)
         }
-        ("reverse", true, 1) if s.is(0, &Str) => ok!(F::Reverse, Str),
         ("strings.quote", false, 1) if s.is(0, &Str) => ok!(F::Quote, Str),
         _ => return None,
     })
@@ -88,10 +85,6 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
         Func::Split => split(a),
         Func::Substring => substring(a),
         Func::Join => join(a),
-        Func::Reverse => match &a[0] {
-            Str(s) => Ok(Value::str(&s.chars().rev().collect::<String>())),
-            _ => no_overload(),
-        },
         Func::Quote => {
             let Str(s) = &a[0] else { return no_overload() };
             Ok(Value::str(&quote(s)))
@@ -120,45 +113,45 @@ fn position(i: i64, len: usize) -> Result<usize, String> {
         .ok_or_else(|| format!("index out of range: {i}"))
 }
 
-/// `IndexOf`, `LastIndexOf`.
+/// `IndexOf`, `LastIndexOf`, step by step as ext.Strings v2 (`indexOfOffset`,
+/// `lastIndexOfOffset`): a negative offset fails, an empty substring is found at the offset
+/// (clamped to the end), an offset past the end finds nothing.
 fn index_of(f: Func, a: &[Value]) -> EvalResult {
     use Value::*;
-    match &a[0] {
-        Str(s) => {
-            let Str(sub) = &a[1] else {
-                return no_overload();
-            };
-            let chars: Vec<char> = s.chars().collect();
-            let subc: Vec<char> = sub.chars().collect();
-            let last = f == Func::LastIndexOf;
-            let start = match a.get(2) {
-                Some(Int(i)) => Some(position(*i, chars.len())?),
-                Some(_) => return no_overload(),
-                None => None,
-            };
-            if subc.is_empty() {
-                return Ok(Int(int_len(start.unwrap_or(if last {
-                    chars.len()
-                } else {
-                    0
-                }))));
-            }
-            if subc.len() > chars.len() {
-                return Ok(Int(-1));
-            }
-            let found = if !last {
-                (start.unwrap_or(0)..=chars.len() - subc.len())
-                    .find(|&i| chars[i..i + subc.len()] == subc[..])
-            } else {
-                let hi = start.unwrap_or(chars.len()).min(chars.len() - subc.len());
-                (0..=hi)
-                    .rev()
-                    .find(|&i| chars[i..i + subc.len()] == subc[..])
-            };
-            Ok(Int(found.map(int_len).unwrap_or(-1)))
-        }
-        _ => no_overload(),
+    let (Str(s), Str(sub)) = (&a[0], &a[1]) else {
+        return no_overload();
+    };
+    let runes: Vec<char> = s.chars().collect();
+    let subr: Vec<char> = sub.chars().collect();
+    let (n, m) = (int_len(runes.len()), int_len(subr.len()));
+    let last = f == Func::LastIndexOf;
+    let off = match a.get(2) {
+        Some(Int(i)) => *i,
+        Some(_) => return no_overload(),
+        None if !last => 0,
+        // upstream compares the lengths in bytes here
+        None if sub.is_empty() => return Ok(Int(n)),
+        None if s.len() < sub.len() => return Ok(Int(-1)),
+        None => n - 1,
+    };
+    if off < 0 {
+        return Err(format!("index out of range: {off}"));
     }
+    if sub.is_empty() {
+        return Ok(Int(off.min(n)));
+    }
+    if off >= n {
+        return Ok(Int(-1));
+    }
+    let at = |i: &i64| {
+        usize::try_from(*i).is_ok_and(|i| runes.get(i..i + subr.len()) == Some(&subr[..]))
+    };
+    let found = if last {
+        (0..=off.min(n - m)).rev().find(at)
+    } else {
+        (off..n - (m - 1)).find(at)
+    };
+    Ok(Int(found.unwrap_or(-1)))
 }
 
 /// `Replace`.

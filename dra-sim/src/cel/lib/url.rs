@@ -72,17 +72,15 @@ pub(super) fn call(f: Func, a: &[Value]) -> EvalResult {
                 Func::UrlHostname => Value::str(u.hostname()),
                 Func::UrlPort => Value::str(u.port()),
                 Func::UrlEscapedPath => Value::str(&u.escaped_path()),
-                _ => Map(Arc::new(MapVal {
-                    entries: u
-                        .query()
+                _ => Map(Arc::new(MapVal::native(
+                    u.query()
                         .into_iter()
                         .map(|(k, v)| {
                             let l = v.iter().map(|x| Value::str(x)).collect();
                             (Value::str(&k), List(Arc::new(l)))
                         })
                         .collect(),
-                    default_empty: false,
-                })),
+                ))),
             })
         }
         _ => no_overload(),

@@ -46,6 +46,11 @@ pub enum Value {
 pub struct MapVal {
     pub entries: Vec<(Value, Value)>,
     pub default_empty: bool,
+    /// A Go map with string keys behind it (the device's attributes and capacities, a URL's
+    /// query): cel-go finds no key of another type there. Otherwise the map is cel-go's map of
+    /// CEL values (literals, `insert`), into which Go hashes the key of every lookup: see
+    /// [`hashable`].
+    pub native: bool,
 }
 
 #[derive(Debug)]
@@ -107,6 +112,11 @@ pub fn double_to_int_lossless(d: f64) -> Option<i64> {
     double_to_int(d).filter(|_| d.fract() == 0.0)
 }
 
+/// cel-go's `doubleToUint64Lossless`.
+pub fn double_to_uint_lossless(d: f64) -> Option<u64> {
+    double_to_uint(d).filter(|_| d.fract() == 0.0)
+}
+
 /// A boolean result.
 pub fn b(v: bool) -> EvalResult {
     Ok(Value::Bool(v))
@@ -120,8 +130,9 @@ impl Value {
     pub fn str(s: &str) -> Value {
         Value::Str(Arc::from(s))
     }
+    /// The empty map Kubernetes reads a missing attribute or capacity domain as.
     pub fn empty_map() -> Value {
-        Value::Map(Arc::new(MapVal::default()))
+        Value::Map(Arc::new(MapVal::native(Vec::new())))
     }
     pub fn type_name(&self) -> &'static str {
         match self {
@@ -170,7 +181,59 @@ impl Value {
     }
 }
 
+/// Keys equal as Go map keys: the same type and value; the values Go holds by pointer (lists,
+/// maps, URLs, quantities, optionals) only as the same value.
+fn same_key(a: &Value, b: &Value) -> bool {
+    use Value::*;
+    match (a, b) {
+        (Null, Null) => true,
+        (Bool(x), Bool(y)) => x == y,
+        (Int(x), Int(y)) => x == y,
+        (Uint(x), Uint(y)) => x == y,
+        (Double(x), Double(y)) => x == y,
+        (Str(x), Str(y)) => x == y,
+        (Ip(x), Ip(y)) => x == y,
+        (Cidr(x), Cidr(y)) => x == y,
+        (Type(x), Type(y)) => x == y,
+        (List(x), List(y)) => Arc::ptr_eq(x, y),
+        (Map(x), Map(y)) => Arc::ptr_eq(x, y),
+        (Url(x), Url(y)) => Arc::ptr_eq(x, y),
+        _ => false,
+    }
+}
+
+/// Whether Go can hash `key` into a map (or a set): not bytes (a slice), semver (holds slices)
+/// or a named format (holds a function). Hashing one panics; cel-go recovers the panic into
+/// this error.
+pub fn hashable(key: &Value) -> Result<(), String> {
+    match key {
+        Value::Bytes(_) | Value::Semver(_) | Value::Format(_) => Err(format!(
+            "internal error: runtime error: hash of unhashable type {}",
+            key.go_type_name()
+        )),
+        _ => Ok(()),
+    }
+}
+
 impl MapVal {
+    /// A map of strings from a Go map (see `native`).
+    pub fn native(entries: Vec<(Value, Value)>) -> MapVal {
+        MapVal {
+            entries,
+            default_empty: false,
+            native: true,
+        }
+    }
+
+    /// A key lookup as cel-go's map makes it: [`MapVal::get`], after hashing the key into a
+    /// non-empty map of CEL values.
+    pub fn find(&self, key: &Value) -> Result<Option<&Value>, String> {
+        if !self.native && !self.entries.is_empty() {
+            hashable(key)?;
+        }
+        Ok(self.get(key))
+    }
+
     pub fn get(&self, key: &Value) -> Option<&Value> {
         if let Value::Str(k) = key {
             for (ek, ev) in &self.entries {
@@ -182,9 +245,20 @@ impl MapVal {
             }
             return None;
         }
-        self.entries
-            .iter()
-            .find(|(ek, _)| matches!(equals(ek, key), Ok(true)))
+        // cel-go looks the key up as it is, then a number as a lossless int and uint (never as
+        // a double: `1` does not find the key `1.0`, but `1.0` finds `1`)
+        let find = |k: &Value| self.entries.iter().find(|(ek, _)| same_key(ek, k));
+        let alt: [Option<Value>; 2] = match key {
+            Value::Double(d) => [
+                double_to_int_lossless(*d).map(Value::Int),
+                double_to_uint_lossless(*d).map(Value::Uint),
+            ],
+            Value::Int(i) => [u64::try_from(*i).ok().map(Value::Uint), None],
+            Value::Uint(u) => [i64::try_from(*u).ok().map(Value::Int), None],
+            _ => [None, None],
+        };
+        find(key)
+            .or_else(|| alt.iter().flatten().find_map(find))
             .map(|(_, v)| v)
     }
     pub fn get_str(&self, key: &str) -> Option<&Value> {
@@ -250,19 +324,22 @@ pub fn equals(a: &Value, b: &Value) -> Result<bool, String> {
             if x.entries.len() != y.entries.len() {
                 return Ok(false);
             }
+            // each key looked up in the other map as cel-go does: `device.attributes` and
+            // `device.capacity` find any domain (an empty one), so equality is not symmetric
             for (k, v) in &x.entries {
-                match y.get(k) {
-                    Some(w) => {
-                        if matches!(equals(v, w), Ok(false)) {
-                            return Ok(false);
-                        }
-                    }
+                let w = match y.get(k) {
+                    Some(w) => w.clone(),
+                    None if y.default_empty => Value::empty_map(),
                     None => return Ok(false),
+                };
+                if matches!(equals(v, &w), Ok(false)) {
+                    return Ok(false);
                 }
             }
             true
         }
-        (Quantity(x), Quantity(y)) => x.cmp_q(y) == Ordering::Equal,
+        // cel-go's `Quantity.Equal` takes a value, not the pointer `add`/`sub` return
+        (Quantity(x), Quantity(y)) if !y.is_by_pointer() => x.cmp_q(y) == Ordering::Equal,
         (Quantity(_), _) => return Err(NO_OVERLOAD.into()),
         (Semver(x), Semver(y)) => x.compare(y) == Ordering::Equal,
         (Semver(_), _) => return Err(NO_OVERLOAD.into()),

@@ -25,6 +25,10 @@ pub struct Quantity {
     mant: i128,
     exp: i32,
     fmt: Format,
+    /// Made by the library's `add`/`sub`, which return a pointer to cel-go's `Quantity` where
+    /// `quantity()` and the device return the value: its `Equal` takes only a value as the other
+    /// side (see `value::equals`). Not part of the quantity's value.
+    by_pointer: bool,
 }
 
 impl PartialEq for Quantity {
@@ -50,6 +54,7 @@ impl Quantity {
         mant: 0,
         exp: 0,
         fmt: Format::DecimalSI,
+        by_pointer: false,
     };
 
     fn new(mant: i128, exp: i32) -> Self {
@@ -57,7 +62,20 @@ impl Quantity {
             mant,
             exp,
             fmt: Format::DecimalSI,
+            by_pointer: false,
         }
+    }
+
+    /// This quantity as the library's arithmetic returns it (see `by_pointer`).
+    pub fn by_pointer(self) -> Self {
+        Quantity {
+            by_pointer: true,
+            ..self
+        }
+    }
+
+    pub fn is_by_pointer(&self) -> bool {
+        self.by_pointer
     }
 
     pub fn from_i64(v: i64) -> Self {
