@@ -40,6 +40,20 @@ TOOLS="$BIN/../kubelet-tools"
 bash e2e/kubelet-tools/build.sh "$TOOLS"
 echo "   ($(( SECONDS - bstart ))s)"
 
+echo "== NVIDIA's driver module (its public manifests, read by tests/nvidia_manifests.rs)"
+# Through the Go module proxy into the module cache, never into this repository. Outside CI a
+# failed download only makes that test skip (it says why).
+NVIDIA_MODULE="sigs.k8s.io/dra-driver-nvidia-gpu@v0.5.0"
+if NV_JSON="$(GOTOOLCHAIN=local GOFLAGS=-mod=mod go mod download -json "$NVIDIA_MODULE" 2>&1)"; then
+  E2E_NVIDIA_DRIVER_DIR="$(printf '%s\n' "$NV_JSON" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' | head -n 1)"
+  export E2E_NVIDIA_DRIVER_DIR
+  echo "   $E2E_NVIDIA_DRIVER_DIR"
+elif [ "${CI:-}" = true ]; then
+  echo "e2e: downloading $NVIDIA_MODULE failed:"; echo "$NV_JSON"; exit 1
+else
+  echo "   download of $NVIDIA_MODULE failed; nvidia_manifests will skip:"; echo "$NV_JSON" | tail -n 3
+fi
+
 echo "== building dra-plugin, dra-controller and the e2e harness"
 bstart=$SECONDS
 PROFILE_DIR=debug
@@ -102,6 +116,9 @@ finish() {
   # Kubelets first: their processes hold the node directories' bind mounts.
   pkill -9 -f -- "--root-dir=$WORK/" 2>/dev/null || true
   pkill -9 -f -- "--listen $WORK/" 2>/dev/null || true
+  # The workload controllers a test starts beside the control plane (e2e/src/manifests.rs), left
+  # running when its harness was killed.
+  pkill -9 -f -- "kube-controller-manager --kubeconfig=$WORK/" 2>/dev/null || true
   local host_after
   host_after="$(host_state)"
   if [ "$host_after" != "$HOST_BEFORE" ]; then

@@ -10,6 +10,7 @@ pub mod cdi;
 pub mod env;
 pub mod grpc;
 pub mod kubelet;
+pub mod manifests;
 pub mod mock_nvml;
 pub mod node_kubelet;
 pub mod plugin;
