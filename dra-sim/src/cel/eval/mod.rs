@@ -255,15 +255,31 @@ impl Ctx<'_> {
         test: bool,
         branch: bool,
     ) -> EvalResult {
+        if test && !is_attr(operand) {
+            return self.computed_presence(operand, field, branch);
+        }
         let v = self.eval_operand(operand)?;
         // the qualifier; a presence test costs nothing of its own (the Kubernetes
         // environment turns `PresenceTestHasCost` off), which cel-go counts by dropping
         // the attribute's own unit
-        if !test || !is_attr(operand) {
+        if !test {
             self.charge(1)?;
         }
-        let test = test && !(branch && matches!(v, Value::Optional(_)));
         select(&v, field, test)
+    }
+
+    /// `has()` of a field of a computed value: the value, then the qualifier (the relative
+    /// attribute around the value is the presence test's own unit, which is dropped); on an
+    /// optional, the qualifier only when it finds the field, as for `.?`.
+    fn computed_presence(&mut self, operand: &Node, field: &Value, branch: bool) -> EvalResult {
+        let v = self.eval(operand)?;
+        let optional = matches!(v, Value::Optional(_));
+        let r = select(&v, field, !(branch && optional));
+        let found = matches!(r, Ok(Value::Bool(true) | Value::Optional(Some(_))));
+        if !optional || found {
+            self.charge(1)?;
+        }
+        r
     }
 
     /// An optional field selection (`.?`).
