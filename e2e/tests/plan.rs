@@ -24,6 +24,9 @@ use serde_json::{Value, json};
 const WHOLE: &str = "p1-whole";
 /// One H100 that mig-parted split into seven 1g.10gb, as `--mig-layout all-1g.10gb` simulates it.
 const MIG: &str = "p1-mig";
+/// One A100-40GB in seven 1g.5gb under the `single` strategy, where `nvidia.com/gpu` was a MIG
+/// device.
+const SINGLE: &str = "p1-single";
 /// One L4 that the device plugin time-sliced into 4 replicas.
 const TS: &str = "p1-ts";
 /// The plugin settings the plan must ask for on `TS` (its POOL table's PLUGIN SETTINGS): the
@@ -33,7 +36,7 @@ const TS_SETTINGS: &str =
 /// The test's name, also its nodes' `e2e-test` label.
 const TEST: &str = "p1_plan_live_cluster_and_run_its_manifests";
 /// Pods of the old workloads, and of the planned ones.
-const PODS: usize = 7;
+const PODS: usize = 9;
 /// The label each workload's pods carry, so that a running pod is matched to the plan's owner
 /// (`Deployment/gpu-web` is `Deployment.gpu-web`: a label value has no `/`).
 const OWNER: &str = "e2e-plan-owner";
@@ -53,6 +56,21 @@ fn h100_labels(gpus: u32, mig_config: &str) -> Value {
     })
 }
 
+/// GFD's labels under `mig.strategy=single`: the product gets `-MIG-<profile>`, the count and
+/// memory are the MIG devices'.
+fn a100_single_labels() -> Value {
+    json!({
+        "nvidia.com/gpu.present": "true",
+        "nvidia.com/gpu.product": "NVIDIA-A100-SXM4-40GB-MIG-1g.5gb",
+        "nvidia.com/gpu.count": "7",
+        "nvidia.com/gpu.memory": "4864",
+        "nvidia.com/gpu.replicas": "1",
+        "nvidia.com/mig.strategy": "single",
+        "nvidia.com/mig.config": "all-1g.5gb",
+        "nvidia.com/mig.config.state": "success",
+    })
+}
+
 /// GFD's labels for an L4 under the device plugin's time-slicing with 4 replicas (GFD appends
 /// `-SHARED` to the product when sharing without `renameByDefault`).
 fn l4_time_sliced_labels() -> Value {
@@ -67,13 +85,14 @@ fn l4_time_sliced_labels() -> Value {
     })
 }
 
-/// Three stock-kubelet nodes whose plugins simulate the hardware their GFD labels describe; a
+/// Four stock-kubelet nodes whose plugins simulate the hardware their GFD labels describe; a
 /// Deployment (2 × `nvidia.com/gpu: 1`) and a Job (`nvidia.com/gpu: 1`) selecting H100s by
-/// `nvidia.com/gpu.product`, a Pod (`nvidia.com/mig-1g.10gb: 1`) and a Deployment (3 ×
-/// `nvidia.com/gpu: 1`) selecting the time-sliced node, made as for the device plugin, stay
-/// Pending (nothing serves those resources); `plan --kubeconfig` must fit all seven pods and ask
-/// for the plugin settings the nodes run with; its files, applied in their place, must run all
-/// seven through the kubelets on the planned nodes and kinds of device.
+/// `nvidia.com/gpu.product`, a Pod (`nvidia.com/mig-1g.10gb: 1`), a Deployment (3 ×
+/// `nvidia.com/gpu: 1`) selecting the time-sliced node and one (2 × `nvidia.com/gpu: 1`)
+/// selecting the `single`-strategy node, made as for the device plugin, stay Pending (nothing
+/// serves those resources); `plan --kubeconfig` must fit all nine pods and ask for the plugin
+/// settings the nodes run with; its files, applied in their place, must run all nine through the
+/// kubelets on the planned nodes and kinds of device.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
     let mut env = env_or_skip!(TEST);
@@ -82,6 +101,11 @@ async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
     env.add_node(
         MIG,
         &["--profile", "h100-80gb:1", "--mig-layout", "all-1g.10gb"],
+    )
+    .await?;
+    env.add_node(
+        SINGLE,
+        &["--profile", "a100-40gb:1", "--mig-layout", "all-1g.5gb"],
     )
     .await?;
     let mut ts_args = vec!["--profile", "l4:1"];
@@ -101,6 +125,7 @@ async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
     for (node, want) in [
         (WHOLE, "defaults"),
         (MIG, "MIG layout all-1g.10gb kept (mig-parted)"),
+        (SINGLE, "MIG layout all-1g.5gb kept (mig-parted)"),
         (TS, TS_SETTINGS),
     ] {
         ensure!(
@@ -109,6 +134,24 @@ async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
             settings[node]
         );
     }
+    // Under `single`, `nvidia.com/gpu: 1` was a 1g.5gb: the request must ask for that profile.
+    let single = report["workloads"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|w| {
+            w["workload"]
+                .as_str()
+                .is_some_and(|n| n.ends_with("/single-infer"))
+        })
+        .context("single-infer not planned")?;
+    ensure!(
+        single["requests"]
+            .to_string()
+            .contains("mig.nvidia.com x1 profile 1g.5gb"),
+        "single-infer requests {}",
+        single["requests"]
+    );
     let planned = planned_devices(&report)?;
     println!(
         "p1: planned {planned:?} ({:.0}s)",
@@ -170,6 +213,7 @@ async fn label_nodes(env: &Env) -> Result<()> {
     for (node, labels) in [
         (WHOLE, h100_labels(3, "all-disabled")),
         (MIG, h100_labels(1, "all-1g.10gb")),
+        (SINGLE, a100_single_labels()),
         (TS, l4_time_sliced_labels()),
     ] {
         let patch = Patch::Merge(json!({"metadata": {"labels": labels}}));
@@ -220,12 +264,16 @@ async fn create_old_workloads(env: &Env) -> Result<()> {
     let pp = PostParams::default();
     let h100 = json!({"nvidia.com/gpu.product": "NVIDIA-H100-80GB-HBM3"});
     let shared = json!({"nvidia.com/gpu.sharing-strategy": "time-slicing"});
+    let single = json!({"nvidia.com/mig.strategy": "single"});
     let deployments = Api::<Deployment>::namespaced(env.client.clone(), &env.ns);
     deployments
         .create(&pp, &deployment("gpu-web", 2, h100.clone())?)
         .await?;
     deployments
         .create(&pp, &deployment("ts-infer", 3, shared)?)
+        .await?;
+    deployments
+        .create(&pp, &deployment("single-infer", 2, single)?)
         .await?;
     let job: Job = serde_json::from_value(json!({
         "metadata": {"name": "gpu-train"},
@@ -266,7 +314,7 @@ async fn wait_pending_pods(env: &Env, n: usize) -> Result<()> {
     .await
 }
 
-/// Runs `dra-controller plan --kubeconfig` on the three nodes, writing to `out`; returns the JSON
+/// Runs `dra-controller plan --kubeconfig` on the four nodes, writing to `out`; returns the JSON
 /// report. Its exit status is 0 only when every pod fits.
 fn run_plan(env: &Env, out: &Path) -> Result<Value> {
     let bin = std::env::var_os("E2E_CONTROLLER_BIN")
@@ -276,7 +324,12 @@ fn run_plan(env: &Env, out: &Path) -> Result<Value> {
     let output = std::process::Command::new(&bin)
         .arg("plan")
         .arg(format!("--kubeconfig={}", env.kubeconfig.display()))
-        .args(["--pool-nodes", &format!("{WHOLE},{MIG},{TS}"), "-o", "json"])
+        .args([
+            "--pool-nodes",
+            &format!("{WHOLE},{MIG},{SINGLE},{TS}"),
+            "-o",
+            "json",
+        ])
         .arg("--out")
         .arg(out)
         .output()
@@ -419,7 +472,7 @@ async fn check_running(env: &Env, planned: &Placements) -> Result<()> {
 async fn delete_old_workloads(env: &Env) -> Result<()> {
     let dp = DeleteParams::background();
     let deployments = Api::<Deployment>::namespaced(env.client.clone(), &env.ns);
-    for d in ["gpu-web", "ts-infer"] {
+    for d in ["gpu-web", "ts-infer", "single-infer"] {
         deployments.delete(d, &dp).await?;
     }
     Api::<Job>::namespaced(env.client.clone(), &env.ns)
