@@ -42,6 +42,8 @@ bench-plugin:
 bench-sim:
 	set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10 | \
 	  python3 tools/perf-table.py docs/perf.md
+	set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --cluster 5000 | \
+	  python3 tools/perf-table.py docs/perf.md
 
 ## Our kubelet plugin side by side with dra-example-driver v0.4.0 on one real control plane,
 ## driven like the kubelet drives them (~6 min warm); method in docs/peers.md.

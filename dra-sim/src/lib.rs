@@ -1,10 +1,12 @@
 //! The local simulator: the Kubernetes DRA CEL environment (`cel`), the scheduler's structured
-//! allocator (`alloc`), input loading (`input`), workloads and their pods (`workloads`), the
-//! migration planner (`plan`) and the `eval` / `simulate` / `plan` commands (`cli`), which
-//! the `dra-controller` binary exposes as its subcommands of the same names.
+//! allocator (`alloc`), input loading (`input`), workloads and their pods (`workloads`), a
+//! whole-cluster run of many pods (`cluster`), the migration planner (`plan`) and the `eval` /
+//! `simulate` / `plan` commands (`cli`), which the `dra-controller` binary exposes as its
+//! subcommands of the same names.
 pub mod alloc;
 pub mod cel;
 pub mod cli;
+pub mod cluster;
 mod error;
 pub mod input;
 pub mod plan;

@@ -15,8 +15,8 @@ impl<'a> Run<'a> {
                 Cow::Borrowed(sets) => Cow::Borrowed(*sets),
                 Cow::Owned(sets) => Cow::Owned(sets.clone()),
             };
-            let nothing_allocated =
-                self.a.allocated.devices.is_empty() && self.a.allocated.shared.is_empty();
+            // most pools of a large cluster have nothing allocated: no scan over their devices
+            let nothing_allocated = !self.a.allocated.pool_maybe_used(pool.driver, pool.name);
             let scan: &[(usize, i64)] = if nothing_allocated { &[] } else { &pool.slices };
             let scan_nt: &[(usize, i64)] = if nothing_allocated {
                 &[]

@@ -187,7 +187,12 @@ impl<'a> Run<'a> {
         if self.allocating.get(&d).is_some_and(|v| !v.is_empty()) {
             return true;
         }
-        if self.a.allocated.devices.is_empty() {
+        let p = &self.pools[d.pool];
+        if !self
+            .a
+            .allocated
+            .maybe_used(p.driver, p.name, &self.device(d).name)
+        {
             return false;
         }
         self.a.allocated.devices.contains(&self.device_id(d))

@@ -19,7 +19,14 @@
 //!    The Go side reads the same objects from one streamed file (a JSON tree in memory would not
 //!    fit at 5,000 nodes); it needs about 7 GiB at 5,000 nodes, the Rust side about 14 GiB.
 //!
-//! Usage: sim-bench [--nodes N] [--pods P] [--oracle PATH] [--warm-only|--cold-only]   (builds the oracle with
+//! 3. with `--cluster PODS`, only the whole-cluster run (sim-bench-parts/cluster.rs): PODS pods
+//!    scheduled one after another onto the N nodes as kube-scheduler would, allocations carried
+//!    over. The Go allocator is not run there (the oracle has no per-node loop over a changing
+//!    state); `--go-per-filter-s S` (the Go allocator's one-pod seconds ÷ nodes, from figure 2)
+//!    adds an estimate, labelled as one: S × the same number of Filter calls.
+//!
+//! Usage: sim-bench [--nodes N] [--pods P] [--oracle PATH] [--warm-only|--cold-only]
+//!        [--cluster PODS [--go-per-filter-s S]]   (builds the oracle with
 //! e2e/oracle/build.sh when --oracle is not given; set SIM_BENCH_NO_GO=1 to run the Rust side
 //! only; --warm-only / --cold-only run just that loop, for profiling; --pods P: at least P timed
 //! pods after the first on both sides, default 3: a collection of the whole Go heap falls into
@@ -27,6 +34,9 @@
 // The same allocator as the dra-controller binary, so the figures are the CLI's.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+#[path = "sim-bench-parts/cluster.rs"]
+mod cluster;
 
 use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode, SliceFacts};
 use dra_sim::{cel, cli, input};
@@ -93,17 +103,24 @@ fn main() -> anyhow::Result<()> {
     let mut warm_only = false;
     let mut cold_only = false;
     let mut pods = 3u32;
+    let mut cluster_pods = None;
+    let mut go_per_filter_s = None;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         match a.as_str() {
             "--nodes" => nodes = args.next().expect("--nodes N").parse()?,
             "--oracle" => oracle_arg = args.next(),
             "--pods" => pods = args.next().expect("--pods N").parse()?,
+            "--cluster" => cluster_pods = Some(args.next().expect("--cluster PODS").parse()?),
+            "--go-per-filter-s" => go_per_filter_s = Some(args.next().expect("S").parse()?),
             // profiling aids: only the warm (or cold) allocation loop, no Go
             "--warm-only" => warm_only = true,
             "--cold-only" => cold_only = true,
             other => anyhow::bail!("unknown argument {other}"),
         }
+    }
+    if let Some(p) = cluster_pods {
+        return cluster::run(nodes, p, go_per_filter_s);
     }
     let go = if warm_only || cold_only {
         None

@@ -1,0 +1,209 @@
+//! A whole-cluster run: pods scheduled one after another as kube-scheduler schedules them, each
+//! pod's DRA Filter (the structured allocator) run per node until enough feasible nodes are
+//! found, the pod placed on one of them and its allocation kept for every pod after it.
+//!
+//! What is mirrored from the scheduler (`schedule_one.go`, `findNodesThatPassFilters`):
+//! - the number of feasible nodes a cycle looks for, `numFeasibleNodesToFind` with the default
+//!   adaptive `percentageOfNodesToScore` ([`feasible_nodes_to_find`]);
+//! - the nodes visited round-robin from `nextStartNodeIndex`, which moves on by the number of
+//!   nodes processed in each cycle;
+//! - allocated devices and the shared counters they consume carried over from pod to pod.
+//!
+//! What is not: Score. No default Score plugin looks at DRA devices, so the pod goes to the first
+//! feasible node found (in visit order); below 100 nodes every node is visited from the first,
+//! which makes this the simulate path's rule (first node by name where the pod fits). Filter runs
+//! on one thread (the scheduler runs 16 goroutines; the allocator is not shared across threads).
+//!
+//! Why it is fast: one allocator for the whole run (compiled selectors, class outcomes and slice
+//! facts kept across pods), and the allocated state updated in place after each placement rather
+//! than rebuilt from every allocated claim.
+use crate::alloc::SimNode;
+use crate::alloc::{AllocatedState, Allocator, DeviceCache};
+use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+use std::sync::Arc;
+
+/// The scheduler's `minFeasibleNodesToFind`.
+const MIN_FEASIBLE_NODES: usize = 100;
+/// The scheduler's `minFeasibleNodesPercentageToFind`.
+const MIN_FEASIBLE_PERCENT: usize = 5;
+
+/// How many feasible nodes a scheduling cycle looks for among `nodes` (kube-scheduler's
+/// `numFeasibleNodesToFind` with `percentageOfNodesToScore` unset: 50% − nodes/125, at least 5%,
+/// and never fewer than 100 nodes).
+pub fn feasible_nodes_to_find(nodes: usize) -> usize {
+    if nodes < MIN_FEASIBLE_NODES {
+        return nodes;
+    }
+    let percent = 50usize
+        .saturating_sub(nodes / 125)
+        .max(MIN_FEASIBLE_PERCENT);
+    (nodes * percent / 100).max(MIN_FEASIBLE_NODES)
+}
+
+/// Where one pod went: the node's index and its claims' allocations, or `None` when no node fits.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Placement {
+    pub node: Option<usize>,
+    pub results: Vec<AllocationResult>,
+}
+
+/// Counts over a run, for the report.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RunStats {
+    /// allocator runs (one per pod and node visited)
+    pub filter_calls: u64,
+    /// nodes where the allocator returned an error (counted as infeasible, as Filter does)
+    pub filter_errors: u64,
+    pub placed: u64,
+    pub unschedulable: u64,
+}
+
+/// The cluster while pods are scheduled onto it.
+pub struct ClusterRun<'a> {
+    alloc: Allocator<'a>,
+    nodes: &'a [SimNode],
+    next_start: usize,
+    to_find: usize,
+    pub stats: RunStats,
+}
+
+impl<'a> ClusterRun<'a> {
+    /// A run over `nodes`, with `allocated` already in use; `cache` is built for `slices`.
+    pub fn new(
+        classes: &'a [DeviceClass],
+        slices: &'a [ResourceSlice],
+        cache: Arc<DeviceCache>,
+        nodes: &'a [SimNode],
+        allocated: AllocatedState,
+    ) -> Self {
+        ClusterRun {
+            alloc: Allocator::with_cache(classes, slices, allocated, cache),
+            nodes,
+            next_start: 0,
+            to_find: feasible_nodes_to_find(nodes.len()),
+            stats: RunStats::default(),
+        }
+    }
+
+    /// One scheduling cycle for a pod with `claims`. The claims live as long as the run: the
+    /// allocator keys compiled selectors by the selector text's address.
+    pub fn schedule(&mut self, claims: &'a [ResourceClaim]) -> Placement {
+        let n = self.nodes.len();
+        let mut chosen = None;
+        let mut feasible = 0;
+        let mut processed = 0;
+        for k in 0..n {
+            let i = (self.next_start + k) % n;
+            processed += 1;
+            self.stats.filter_calls += 1;
+            match self.alloc.allocate(&self.nodes[i], claims) {
+                Ok(Some(results)) => {
+                    feasible += 1;
+                    chosen.get_or_insert((i, results));
+                    if feasible >= self.to_find {
+                        break;
+                    }
+                }
+                Ok(None) => {}
+                Err(_) => self.stats.filter_errors += 1,
+            }
+        }
+        if n > 0 {
+            self.next_start = (self.next_start + processed) % n;
+        }
+        match chosen {
+            Some((node, results)) => {
+                for r in &results {
+                    self.alloc.allocated.add(r);
+                }
+                self.stats.placed += 1;
+                Placement {
+                    node: Some(node),
+                    results,
+                }
+            }
+            None => {
+                self.stats.unschedulable += 1;
+                Placement {
+                    node: None,
+                    results: vec![],
+                }
+            }
+        }
+    }
+}
+
+/// The kinds of pod in a benchmark mix, each one claim, as `(name, claim)`.
+pub fn pod_kinds(whole_gpus_only: bool) -> Vec<(&'static str, ResourceClaim)> {
+    let gpu = |n: u32| serde_json::json!({"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": n}});
+    let mig = |profile: &str| {
+        serde_json::json!({"name": "mig", "exactly": {"deviceClassName": "mig.nvidia.com",
+            "selectors": [{"cel": {"expression":
+                format!("device.attributes['gpu.nvidia.com'].profile == '{profile}'")}}]}})
+    };
+    let mut kinds = vec![("1 GPU", gpu(1)), ("2 GPUs", gpu(2))];
+    if !whole_gpus_only {
+        kinds.push(("MIG 1g.10gb", mig("1g.10gb")));
+        kinds.push(("MIG 3g.40gb", mig("3g.40gb")));
+    }
+    kinds
+        .into_iter()
+        .map(|(name, req)| {
+            let claim = serde_json::json!({
+                "metadata": {"name": name.replace([' ', '.'], "-").to_lowercase(), "namespace": "default"},
+                "spec": {"devices": {"requests": [req]}}
+            });
+            (name, serde_json::from_value(claim).expect("claim"))
+        })
+        .collect()
+}
+
+/// A fixed pseudo-random sequence of `pods` kind indices: with four kinds 40% one GPU, 15% two,
+/// 25% MIG 1g.10gb, 20% MIG 3g.40gb; with two, 70% one GPU and 30% two.
+pub fn pod_sequence(pods: usize, kinds: usize) -> Vec<usize> {
+    let weights: &[u64] = if kinds == 4 {
+        &[40, 15, 25, 20]
+    } else {
+        &[70, 30]
+    };
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..pods)
+        .map(|_| {
+            // xorshift: deterministic and the same on every machine
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            let mut r = x % 100;
+            weights
+                .iter()
+                .position(|&w| {
+                    let hit = r < w;
+                    r = r.saturating_sub(w);
+                    hit
+                })
+                .unwrap_or(0)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn feasible_nodes_follow_the_scheduler() {
+        assert_eq!(feasible_nodes_to_find(20), 20);
+        assert_eq!(feasible_nodes_to_find(150), 100);
+        assert_eq!(feasible_nodes_to_find(1000), 420);
+        assert_eq!(feasible_nodes_to_find(5000), 500);
+        assert_eq!(feasible_nodes_to_find(100_000), 5000);
+    }
+
+    #[test]
+    fn sequence_follows_the_weights() {
+        let s = pod_sequence(10_000, 4);
+        let share = |k| s.iter().filter(|&&x| x == k).count() as f64 / 100.0;
+        assert!((share(0) - 40.0).abs() < 3.0, "{}", share(0));
+        assert!((share(3) - 20.0).abs() < 3.0, "{}", share(3));
+    }
+}
