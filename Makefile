@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export GOTOOLCHAIN := local
 FILTER ?=
 
-.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers slices build clean-e2e nvidia-manifests
+.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-scheduler slices build clean-e2e nvidia-manifests
 
 ## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
 ## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
@@ -49,6 +49,12 @@ bench-sim:
 ## driven like the kubelet drives them (~6 min warm); method in docs/peers.md.
 bench-peers:
 	set -o pipefail; bash e2e/bench/peers.sh | python3 tools/perf-table.py docs/perf.md
+
+## The real kube-scheduler 1.37.2 placing pods with claims on Nodes carrying our slices (whole GPU,
+## static MIG, dynamic MIG); no kubelets. SCHED_NODES="100 1000" adds 1,000 nodes; method in
+## docs/scheduler-bench.md.
+bench-scheduler:
+	set -o pipefail; bash e2e/bench/scheduler.sh | python3 tools/perf-table.py docs/perf.md
 
 ## NVIDIA's own manifests (driver v0.5.0, from the Go module proxy) through the simulator.
 nvidia-manifests:

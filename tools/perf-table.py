@@ -3,8 +3,10 @@
 
 Reads a bench's output on stdin, echoes it, and takes every line of the form
 `perf|figure|goal|value` as a row of the first table, and every `peer|figure|ours|theirs|ratio|goal`
-as a row of the second (ours beside the peer plugins): the row of the same figure in its table is
-replaced (others are kept), with this machine and today's date beside it.
+as a row of the second (ours beside the peer plugins), and every
+`sched|figure|whole GPU|static MIG|dynamic MIG|ratio` as a row of the third (what our slices cost
+kube-scheduler): the row of the same figure in its table is replaced (others are kept), with this
+machine and today's date beside it.
 
     cargo bench -p dra-plugin --bench prepare | python3 tools/perf-table.py docs/perf.md
 """
@@ -15,8 +17,9 @@ import sys
 HEADER = """# Benchmark figures
 
 Written by the bench commands (`make bench`, `make bench-plugin`, `make bench-sim`,
-`make bench-peers`) through `tools/perf-table.py`; a run replaces the rows of the figures it
-measured. A ratio beside the Go code is measured in the same run on the same machine.
+`make bench-peers`, `make bench-scheduler`) through `tools/perf-table.py`; a run replaces the rows
+of the figures it measured. A ratio beside the Go code is measured in the same run on the same
+machine.
 
 | figure | goal | value | machine | date |
 |---|---|---|---|---|
@@ -33,8 +36,21 @@ ours ÷ theirs; trust it over the absolute figures, which move with the machine'
 |---|---|---|---|---|---|---|
 """
 PEER_HEADING = "## Side by side with the peers"
+SCHED_HEADER = """
+## What our slices cost the scheduler
+
+Written by `make bench-scheduler` (`e2e/bench/scheduler.sh`; method in
+[scheduler-bench.md](scheduler-bench.md)): the real kube-scheduler 1.37.2, no kubelets, Nodes
+with the slices `dra-plugin slices --backend simulated --profile h100-80gb:8` prints for them,
+one ResourceClaim per pod. Static MIG is the all-1g.10gb layout; dynamic MIG publishes every
+placement and its pods alternate 1g.10gb and whole-GPU claims. Ratio is dynamic ÷ whole GPU.
+
+| figure | whole GPU | static MIG | dynamic MIG | ratio dynamic/whole | machine | date |
+|---|---|---|---|---|---|---|
+"""
+SCHED_HEADING = "## What our slices cost the scheduler"
 # Input lines: prefix -> (table, number of fields after the prefix).
-KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5)}
+KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5), "sched|": ("sched", 5)}
 
 
 def machine():
@@ -57,8 +73,8 @@ def machine():
 
 
 def read_rows(path):
-    """The rows of both tables, by figure: the peer table is the one after its heading."""
-    rows = {"main": {}, "peer": {}}
+    """The rows of every table, by figure: each table is the one after its heading."""
+    rows = {"main": {}, "peer": {}, "sched": {}}
     if not os.path.exists(path):
         return rows
     table = "main"
@@ -67,6 +83,8 @@ def read_rows(path):
             line = line.rstrip("\n")
             if line == PEER_HEADING:
                 table = "peer"
+            if line == SCHED_HEADING:
+                table = "sched"
             if not (line.startswith("| ") and line.endswith(" |")):
                 continue
             cells = tuple(c.strip() for c in line[2:-2].split(" | "))
@@ -76,7 +94,7 @@ def read_rows(path):
 
 
 def parse(line, here, today):
-    """(table, row) for a `perf|` or `peer|` line of the right length, else None."""
+    """(table, row) for a `perf|`, `peer|` or `sched|` line of the right length, else None."""
     for prefix, (table, n) in KINDS.items():
         if line.startswith(prefix):
             parts = line.rstrip("\n").split("|")[1:]
@@ -93,6 +111,10 @@ def write(path, rows):
         if rows["peer"]:
             f.write(PEER_HEADER)
             for row in rows["peer"].values():
+                f.write("| " + " | ".join(row) + " |\n")
+        if rows["sched"]:
+            f.write(SCHED_HEADER)
+            for row in rows["sched"].values():
                 f.write("| " + " | ".join(row) + " |\n")
 
 
