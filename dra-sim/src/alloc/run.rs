@@ -211,23 +211,27 @@ impl<'a> Run<'a> {
     ) -> Result<bool, String> {
         let dev = self.device(d);
         let caps = dev.capacity.as_ref();
-        let id = self.device_id(d);
-        let current: BTreeMap<String, Quantity> = if empty {
-            BTreeMap::new()
-        } else {
-            self.a
-                .allocated
-                .capacity
-                .get(&id)
-                .cloned()
-                .unwrap_or_default()
-        };
+        let p = &self.pools[d.pool];
+        // the owned id (three strings) only when the index says the device may hold shares
+        let current: BTreeMap<String, Quantity> =
+            if empty || !self.a.allocated.maybe_used(p.driver, p.name, &dev.name) {
+                BTreeMap::new()
+            } else {
+                let id = self.device_id(d);
+                self.a
+                    .allocated
+                    .capacity
+                    .get(&id)
+                    .cloned()
+                    .unwrap_or_default()
+            };
         let allocating = if empty {
             None
         } else {
             self.allocating_capacity.get(&d)
         };
         capacity::cmp_request_over_capacity(&current, req.capacity, caps, allocating).map_err(|e| {
+            let id = self.device_id(d);
             format!(
                 "claim {}, request {}: checking capacity for device {}/{}/{}: {e}",
                 claim_name(&self.claims[0]),

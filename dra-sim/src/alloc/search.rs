@@ -7,8 +7,7 @@ use super::pools;
 use super::run::{ResultDev, Run};
 use super::taints::taint_prevents;
 use super::types::{
-    ALLOCATION_RESULTS_MAX_SIZE, DevRef, DeviceId, Outcome, ReqKey, SimNode, claim_name,
-    requests_of,
+    ALLOCATION_RESULTS_MAX_SIZE, DevRef, Outcome, ReqKey, SimNode, claim_name, requests_of,
 };
 use crate::cel::value::quantity::Quantity;
 use k8s_openapi::api::resource::v1::{CapacityRequirements, ResourceClaim};
@@ -271,7 +270,6 @@ impl<'a> Run<'a> {
         if !admin && self.in_use(d) {
             return Ok((false, None));
         }
-        let id = self.device_id(d);
         let mut undo = Undo {
             counters: false,
             constraints: 0,
@@ -279,7 +277,7 @@ impl<'a> Run<'a> {
             capacity: None,
             result: false,
         };
-        match self.take_counters(d, &id, multi)? {
+        match self.take_counters(d, multi)? {
             None => return Ok((false, None)),
             Some(taken) => undo.counters = taken,
         }
@@ -295,6 +293,7 @@ impl<'a> Run<'a> {
         if !self.add_to_constraints(r.claim, base, sub, d, &mut undo) {
             self.rollback(r, key, d, undo);
             if must {
+                let id = self.device_id(d);
                 return Err(format!(
                     "claim {}, request {}: cannot add device {}/{}/{} because a claim constraint would not be satisfied",
                     claim_name(&self.claims[r.claim]),
@@ -366,16 +365,19 @@ impl<'a> Run<'a> {
     /// Takes the counters the device consumes, unless it allows multiple allocations and its
     /// capacity is in use already (the shares before it took them): `None` when they are not
     /// available, else whether any were taken.
-    fn take_counters(
-        &mut self,
-        d: DevRef,
-        id: &DeviceId,
-        multi: bool,
-    ) -> Result<Option<bool>, String> {
+    fn take_counters(&mut self, d: DevRef, multi: bool) -> Result<Option<bool>, String> {
         let dev = self.device(d);
-        let capacity_in_use = self.a.allocated.capacity.contains_key(id)
-            || self.a.allocated.shared.contains(id)
-            || self.allocating_capacity.contains_key(&d);
+        // the owned id (three strings) only when the index says the device may be shared
+        let shared_before = || {
+            let p = &self.pools[d.pool];
+            if !self.a.allocated.maybe_used(p.driver, p.name, &dev.name) {
+                return false;
+            }
+            let id = self.device_id(d);
+            self.a.allocated.capacity.contains_key(&id) || self.a.allocated.shared.contains(&id)
+        };
+        let capacity_in_use =
+            multi && (self.allocating_capacity.contains_key(&d) || shared_before());
         let skip_counters = multi && capacity_in_use;
         if !skip_counters
             && dev
