@@ -31,7 +31,7 @@ if [ -z "$PLUGIN_BIN" ]; then
   PLUGIN_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/dra-plugin"
 fi
 
-# shellcheck source=../controlplane/cluster.sh
+# shellcheck source-path=SCRIPTDIR source=../controlplane/cluster.sh
 source "$ROOT/e2e/controlplane/cluster.sh"
 WORK="$(mktemp -d "${SCHED_WORK_ROOT:-/var/tmp}/gpu-dra-sched.XXXXXX")"
 SCHED_PID=""
@@ -67,6 +67,7 @@ for nodes in $NODES_LIST; do
     cluster_start "$BIN" "$dir"
     # Our own scheduler below: the stock one's /metrics needs a token, the controller manager is not
     # needed (claims are created directly) and would only share the two cores.
+    # shellcheck disable=SC2154 # set by cluster_start through eval
     kill "$PID_kube_scheduler" "$PID_kube_controller_manager" 2>/dev/null || true
     wait "$PID_kube_scheduler" "$PID_kube_controller_manager" 2>/dev/null || true
     python3 e2e/bench/scheduler.py load "$WORK/slices-$shape.json" "$nodes" deviceclasses/*.yaml
