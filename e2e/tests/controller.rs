@@ -1,7 +1,8 @@
 //! The controller (`dra-controller run`) on the real control plane: GPUCluster → DeviceClasses, plugin
 //! DaemonSet, RBAC and the ValidatingAdmissionPolicy; the migration pool's one-allocator rule; the
 //! CRD's singleton rule; the VAP against the plugin's ServiceAccount; ComputeDomain objects, status and
-//! cleanup.
+//! cleanup; the GPU Operator's GPUClusters (accepted whole, left alone until handed over) and the
+//! chart's refusal of a foreign GPUCluster CRD.
 //!
 //! The controller runs as a subprocess (`E2E_CONTROLLER_BIN`, default `target/debug/dra-controller`;
 //! build it with `cargo build -p dra-controller`). There is no kubelet and no DaemonSet controller, so
@@ -1015,4 +1016,175 @@ async fn c6_relabelling_moves_the_pool_and_claims_hold_a_leaving_node() -> Resul
         Ok(())
     })
     .await
+}
+
+/// The GPU Operator's GPUClusters (`dra-controller/tests/operator/gpuclusters.yaml`), without status.
+fn operator_gpuclusters() -> Result<Vec<Value>> {
+    let path = World::repo().join("dra-controller/tests/operator/gpuclusters.yaml");
+    let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
+    let mut docs = yaml_docs(&text)?;
+    for d in &mut docs {
+        d.as_object_mut().context("object")?.remove("status");
+    }
+    Ok(docs)
+}
+
+/// Every field of `sub` is in `sup` with the same value (`sup` may have more: defaults).
+fn subset(sub: &Value, sup: &Value) -> bool {
+    match (sub, sup) {
+        (Value::Object(a), Value::Object(b)) => a
+            .iter()
+            .all(|(k, v)| b.get(k).is_some_and(|w| subset(v, w))),
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(v, w)| subset(v, w))
+        }
+        _ => sub == sup,
+    }
+}
+
+/// `helm template --dry-run=server` against the test cluster, so the chart's `lookup` runs.
+async fn helm_server_template(helm: &Path, kubeconfig: &Path, sets: &[&str]) -> Result<String> {
+    let chart = World::repo().join("deploy/helm/gpu-dra-driver");
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "gpu-dra"])
+        .arg(&chart)
+        .args(["--namespace", NS, "--dry-run=server", "--kubeconfig"])
+        .arg(kubeconfig);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().await.context("running helm template")?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if out.status.success() {
+        Ok(String::new())
+    } else {
+        Ok(stderr)
+    }
+}
+
+#[tokio::test]
+async fn c7_gpu_operator_gpuclusters_are_accepted_and_left_alone_until_handed_over() -> Result<()> {
+    scenario("c7", async |w| {
+        // Every operator object passes our CRD on the real API server and keeps every field.
+        for (i, gc) in operator_gpuclusters()?.iter().enumerate() {
+            let stored = gpuclusters(&w.client)
+                .create(
+                    &PostParams {
+                        dry_run: true,
+                        ..Default::default()
+                    },
+                    &serde_json::from_value(gc.clone())?,
+                )
+                .await
+                .with_context(|| format!("operator GPUCluster {} refused", i + 1))?;
+            let stored = serde_json::to_value(&stored)?;
+            let spec = gc.get("spec").cloned().unwrap_or_else(|| json!({}));
+            if !subset(&spec, &stored["spec"]) {
+                bail!(
+                    "operator GPUCluster {}: fields lost: sent {spec}, stored {}",
+                    i + 1,
+                    stored["spec"]
+                );
+            }
+        }
+        println!("c7: every operator GPUCluster accepted without loss (server dry-run)");
+
+        // The operator's chart default, written by the operator's field manager with its finalizer.
+        w.node("ctl-c7-a", None).await?;
+        let mut gc = operator_gpuclusters()?[2].clone();
+        gc["metadata"]["finalizers"] = json!([gpu_dra_api::names::GPUCLUSTER_FINALIZER]);
+        gc["spec"]["migrationPool"] =
+            json!({ "nodeSelector": { "matchLabels": { POOL_LABEL: "true" } } });
+        gpuclusters(&w.client)
+            .patch(
+                "gpu-cluster",
+                &PatchParams::apply("gpu-operator").force(),
+                &Patch::Apply(&gc),
+            )
+            .await
+            .context("applying as gpu-operator")?;
+        w.start_controller()?;
+        let status = w
+            .gpucluster_status("ControllerConflict=True", |s| {
+                conditions(s).any(|c| c["type"] == "ControllerConflict" && c["status"] == "True")
+            })
+            .await?;
+        let c = conditions(&status)
+            .find(|c| c["type"] == "ControllerConflict")
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(c["reason"], "GPUOperatorManaged", "{c}");
+        println!("c7: stands by: {}", c["message"]);
+        // Left alone: no plugin DaemonSet, node labels untouched.
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        let daemonsets: Api<DaemonSet> = Api::namespaced(w.client.clone(), NS);
+        assert!(
+            daemonsets.get_opt(PLUGIN).await?.is_none(),
+            "plugin deployed while standing by"
+        );
+        assert!(!w.node_labels("ctl-c7-a").await?.contains_key(DRA_LABEL));
+        let events: Api<k8s_openapi::api::events::v1::Event> =
+            Api::namespaced(w.client.clone(), "default");
+        let warned = events
+            .list(&Default::default())
+            .await?
+            .items
+            .iter()
+            .any(|e| {
+                e.reason.as_deref() == Some("GPUOperatorManaged")
+                    && e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("gpu-cluster")
+            });
+        assert!(warned, "no Warning Event");
+
+        // Handed over by annotation: reconciles, and the condition goes.
+        let ann = json!({ "metadata": { "annotations": {
+            gpu_dra_api::names::GPUCLUSTER_CONTROLLER_ANNOTATION: "gpu-dra-controller" } } });
+        gpuclusters(&w.client)
+            .patch("gpu-cluster", &PatchParams::default(), &Patch::Merge(&ann))
+            .await?;
+        wait_exists(w, &daemonsets, PLUGIN).await?;
+        w.wait_node_labels("ctl-c7-a", Some("true"), Some("false"))
+            .await?;
+        w.gpucluster_status("ControllerConflict gone", |s| {
+            !conditions(s).any(|c| c["type"] == "ControllerConflict")
+        })
+        .await?;
+        println!("c7: reconciles after the annotation");
+
+        // The chart refuses a gpuclusters CRD that is not ours, and accepts ours.
+        let helm = helm_bin().await?;
+        let ok = helm_server_template(&helm, &w.kubeconfig, &[]).await?;
+        assert!(ok.is_empty(), "with our CRD: {ok}");
+        let crds: Api<CustomResourceDefinition> = Api::all(w.client.clone());
+        let unlabel = json!({ "metadata": { "labels": { "app.kubernetes.io/part-of": null } } });
+        crds.patch(
+            "gpuclusters.nvidia.com",
+            &PatchParams::default(),
+            &Patch::Merge(&unlabel),
+        )
+        .await?;
+        let refused = helm_server_template(&helm, &w.kubeconfig, &[]).await;
+        let forced =
+            helm_server_template(&helm, &w.kubeconfig, &["crds.checkExisting=false"]).await;
+        w.apply_crds().await?;
+        let refused = refused?;
+        assert!(
+            refused.contains("is not gpu-dra-driver's"),
+            "helm did not refuse: {refused}"
+        );
+        assert!(forced?.is_empty(), "crds.checkExisting=false still refused");
+        println!(
+            "c7: helm refuses a foreign CRD: {}",
+            refused
+                .lines()
+                .find(|l| l.contains("not gpu-dra-driver's"))
+                .unwrap_or_default()
+        );
+        Ok(())
+    })
+    .await
+}
+
+fn conditions(status: &Value) -> impl Iterator<Item = &Value> {
+    status["conditions"].as_array().into_iter().flatten()
 }
