@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export GOTOOLCHAIN := local
 FILTER ?=
 
-.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-scheduler slices build clean-e2e nvidia-manifests
+.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-scheduler bench-controller slices build clean-e2e nvidia-manifests
 
 ## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
 ## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
@@ -55,6 +55,12 @@ bench-peers:
 ## docs/scheduler-bench.md.
 bench-scheduler:
 	set -o pipefail; bash e2e/bench/scheduler.sh | python3 tools/perf-table.py docs/perf.md
+
+## dra-controller at 1,000 API-only Nodes (500 in the migration pool) and 100 ComputeDomains: RSS,
+## GPUCluster create/change -> reconciled, API requests per minute when idle; method in
+## docs/controller-bench.md.
+bench-controller:
+	set -o pipefail; bash e2e/bench/controller.sh | python3 tools/perf-table.py docs/perf.md
 
 ## NVIDIA's own manifests (driver v0.5.0, from the Go module proxy) through the simulator.
 nvidia-manifests:

@@ -17,9 +17,9 @@ import sys
 HEADER = """# Benchmark figures
 
 Written by the bench commands (`make bench`, `make bench-plugin`, `make bench-sim`,
-`make bench-peers`, `make bench-scheduler`) through `tools/perf-table.py`; a run replaces the rows
-of the figures it measured. A ratio beside the Go code is measured in the same run on the same
-machine.
+`make bench-peers`, `make bench-scheduler`, `make bench-controller`) through `tools/perf-table.py`;
+a run replaces the rows of the figures it measured. A ratio beside the Go code is measured in the
+same run on the same machine.
 
 | figure | goal | value | machine | date |
 |---|---|---|---|---|
