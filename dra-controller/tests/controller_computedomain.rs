@@ -130,8 +130,8 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
     let (action, seen) = run(cd, calls).await;
     assert_eq!(
         action,
-        Action::requeue(Duration::from_secs(30)),
-        "not ready yet: status is re-synced soon"
+        Action::requeue(Duration::from_secs(3600)),
+        "daemon pods are watched: no polling while the domain is not ready"
     );
     for (uri, _) in seen.iter().filter(|(u, _)| !u.starts_with(DAEMON_PODS)) {
         assert!(
@@ -229,6 +229,29 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
             { "name": "node-a", "ipAddress": "10.0.0.1", "cliqueID": "", "index": 0, "status": "NotReady" },
             { "name": "node-b", "ipAddress": "10.0.0.2", "cliqueID": "cluster-uuid.1", "index": 1, "status": "Ready" },
         ] })
+    );
+}
+
+/// A resync that finds nothing changed writes no status: an idle cluster stays quiet.
+#[tokio::test]
+async fn an_unchanged_status_is_not_written_again() {
+    let mut cd = finalized();
+    cd.status = serde_json::from_value(json!({ "status": "NotReady", "nodes": [
+        { "name": "node-b", "ipAddress": "10.0.0.2", "cliqueID": "", "index": 1, "status": "NotReady" },
+    ] }))
+    .unwrap();
+    let pods = vec![pod("node-b", false, "10.0.0.2", None)];
+    let calls = vec![
+        call(Method::PATCH, WORKLOAD_RCT, Reply::Echo),
+        call(Method::PATCH, DAEMON_RCT, Reply::Echo),
+        call(Method::PATCH, DAEMON_DS, Reply::Echo),
+        call(Method::GET, DAEMON_PODS, list("Pod", pods)),
+    ];
+    let (action, seen) = run(cd, calls).await;
+    assert_eq!(action, Action::requeue(Duration::from_secs(3600)));
+    assert!(
+        !seen.iter().any(|(uri, _)| uri.contains("/status")),
+        "{seen:?}"
     );
 }
 

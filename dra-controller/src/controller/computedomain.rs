@@ -42,9 +42,11 @@ pub const DAEMON_REQUEST: &str = "daemon";
 
 const CONTROLLER: &str = "computedomain";
 const SHORT_REQUEUE: Duration = Duration::from_secs(5);
-/// Daemon readiness is also watched; this only bounds how stale status can get.
-const STATUS_SYNC: Duration = Duration::from_secs(30);
-const RESYNC: Duration = Duration::from_secs(300);
+/// Templates, daemon DaemonSets and daemon pods are all watched, so a change reaches us without
+/// polling; this resync only bounds drift from a missed event, and keeps an idle cluster quiet.
+const RESYNC: Duration = Duration::from_secs(3600);
+/// How long a domain that cannot be built waits before the next try.
+const INVALID_RETRY: Duration = Duration::from_secs(300);
 
 /// Shared by every reconcile.
 pub struct Ctx {
@@ -348,22 +350,24 @@ pub async fn reconcile(cd: Arc<ComputeDomain>, ctx: Arc<Ctx>) -> Result<Action> 
         .await?;
     let previous = cd.status.as_ref().map_or(&[][..], |s| s.nodes.as_slice());
     let status = aggregate(previous, &pods.items, cd.spec.num_nodes);
-    let ready = status.status == DomainStatus::Ready;
-    let body = json!({
-        "apiVersion": ComputeDomain::api_version(&()),
-        "kind": ComputeDomain::kind(&()),
-        "status": status,
-    });
-    api.patch_status(&cd.name_any(), &params(), &Patch::Apply(body))
-        .await?;
-    Ok(Action::requeue(if ready { RESYNC } else { STATUS_SYNC }))
+    // An unchanged status is not written again: each write would wake every watcher of the object.
+    if cd.status.as_ref() != Some(&status) {
+        let body = json!({
+            "apiVersion": ComputeDomain::api_version(&()),
+            "kind": ComputeDomain::kind(&()),
+            "status": status,
+        });
+        api.patch_status(&cd.name_any(), &params(), &Patch::Apply(body))
+            .await?;
+    }
+    Ok(Action::requeue(RESYNC))
 }
 
 /// Pure: how long to wait after a failure. Objects that cannot be built wait longer than API trouble.
 pub fn error_policy(_cd: Arc<ComputeDomain>, err: &Error, ctx: Arc<Ctx>) -> Action {
     ctx.metrics.reconcile.failure(CONTROLLER, err);
     match err {
-        Error::MissingField(_) | Error::Serialize(_) => Action::requeue(RESYNC),
+        Error::MissingField(_) | Error::Serialize(_) => Action::requeue(INVALID_RETRY),
         _ => Action::requeue(Duration::from_secs(15)),
     }
 }
