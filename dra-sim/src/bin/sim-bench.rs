@@ -195,24 +195,7 @@ fn main() -> anyhow::Result<()> {
         &mut claims,
     )?;
     claims.claims = claims.standalone_claims();
-    let mut all_slices = Vec::new();
-    for i in 0..nodes {
-        all_slices.extend(
-            gpu_dra_api::slices::simulated_node_slices(
-                &format!("node-{i:05}"),
-                &["h100-80gb:8"],
-                None,
-                true,
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-        );
-    }
-    let node_objs: Vec<SimNode> = (0..nodes)
-        .map(|i| SimNode {
-            name: format!("node-{i:05}"),
-            labels: Default::default(),
-        })
-        .collect();
+    let (all_slices, node_objs) = bench_nodes(nodes)?;
     // cold: a fresh allocator per pod, every per-device value built anew (one scheduling cycle
     // with nothing carried over); the first pod timed on its own (see the top of the file)
     let cold_pod = || {
@@ -377,6 +360,29 @@ fn main() -> anyhow::Result<()> {
 }
 
 /// One row of docs/perf.md for tools/perf-table.py: `perf|figure|goal|value`.
+/// `nodes` nodes of 8 H100 with dynamic MIG (every placement published) and their slices.
+fn bench_nodes(
+    nodes: usize,
+) -> anyhow::Result<(
+    Vec<k8s_openapi::api::resource::v1::ResourceSlice>,
+    Vec<SimNode>,
+)> {
+    let mut slices = Vec::new();
+    let mut node_objs = Vec::with_capacity(nodes);
+    for i in 0..nodes {
+        let name = format!("node-{i:05}");
+        slices.extend(
+            gpu_dra_api::slices::simulated_node_slices(&name, &["h100-80gb:8"], None, true)
+                .map_err(|e| anyhow::anyhow!("{e}"))?,
+        );
+        node_objs.push(SimNode {
+            name,
+            labels: Default::default(),
+        });
+    }
+    Ok((slices, node_objs))
+}
+
 fn perf_row(figure: &str, goal: &str, value: String) {
     println!("perf|{figure}|{goal}|{value}");
 }

@@ -3,7 +3,7 @@
 //! allocations carried over; once with a mix of whole GPUs and MIG slices, once with whole GPUs
 //! only. Rows for docs/perf.md: total seconds, pods per second, placed / unschedulable, Filter
 //! calls, and the peak RSS of the process.
-use dra_sim::alloc::{AllocatedState, DeviceCache, SimNode, SliceFacts};
+use dra_sim::alloc::{AllocatedState, DeviceCache, SliceFacts};
 use dra_sim::cluster::{ClusterRun, RunStats, pod_kinds, pod_sequence};
 use dra_sim::{cli, input};
 use std::sync::Arc;
@@ -21,24 +21,7 @@ pub fn run(nodes: usize, pods: usize, go_per_filter_s: Option<f64>) -> anyhow::R
         input::load_str(name, text, &mut classes)?;
     }
     let start = Instant::now();
-    let mut slices = Vec::new();
-    for i in 0..nodes {
-        slices.extend(
-            gpu_dra_api::slices::simulated_node_slices(
-                &format!("node-{i:05}"),
-                &["h100-80gb:8"],
-                None,
-                true,
-            )
-            .map_err(|e| anyhow::anyhow!("{e}"))?,
-        );
-    }
-    let node_objs: Vec<SimNode> = (0..nodes)
-        .map(|i| SimNode {
-            name: format!("node-{i:05}"),
-            labels: Default::default(),
-        })
-        .collect();
+    let (slices, node_objs) = super::bench_nodes(nodes)?;
     // the slice facts are built when the slices load (the informer's work), not per run
     let facts = Arc::new(SliceFacts::build(&slices));
     println!(
