@@ -7,6 +7,8 @@
 pub mod config;
 pub mod gates;
 pub mod inventory;
+#[cfg(feature = "crd")]
+pub mod miglayout;
 pub mod names;
 pub mod passthrough;
 pub mod profiles;

@@ -152,3 +152,10 @@ mod tests {
         }
     }
 }
+
+// On-demand MIG.
+
+/// The plugin's field manager on its node's MigLayout (creation and `status`).
+pub const MIG_LAYOUT_PLUGIN_FIELD_MANAGER: &str = "gpu.nvidia.com/dra-plugin-miglayout";
+/// The controller's field manager on `MigLayout.spec` (on-demand MIG shaper).
+pub const MIG_LAYOUT_CONTROLLER_FIELD_MANAGER: &str = "gpu-dra-controller/mig-shaper";
