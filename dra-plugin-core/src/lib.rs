@@ -13,6 +13,7 @@ mod error;
 pub mod fsutil;
 pub mod health;
 pub mod metadata;
+pub mod miglayout;
 pub mod sharing;
 pub mod state;
 pub mod types;

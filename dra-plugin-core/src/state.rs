@@ -5,7 +5,7 @@
 //! MPS daemons, `recovery` repairs state at startup.
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 use gpu_dra_api::config::TimeSliceInterval;
 use gpu_dra_api::gates::FeatureGates;
@@ -90,9 +90,9 @@ fn known_changes(record: &ClaimRecord) -> impl Iterator<Item = HardwareChange> +
 pub struct DeviceState {
     pool: String,
     backend: Arc<dyn DeviceBackend>,
-    /// The node's GPUs as discovered at start, fixed for the life of the state; shared with
-    /// each prepare's plan rather than copied.
-    gpus: Vec<Arc<Gpu>>,
+    /// The node's GPUs as last discovered; shared with each prepare's plan rather than copied.
+    /// On-demand MIG replaces them after changing the MIG devices ([`Self::refresh_mig`]).
+    gpus: RwLock<Arc<Vec<Arc<Gpu>>>>,
     checkpoint: Checkpoint,
     cdi: CdiStore,
     gates: FeatureGates,
@@ -140,7 +140,7 @@ impl DeviceState {
         DeviceState {
             pool: pool.to_string(),
             backend,
-            gpus: inventory.gpus.into_iter().map(Arc::new).collect(),
+            gpus: RwLock::new(Arc::new(inventory.gpus.into_iter().map(Arc::new).collect())),
             checkpoint,
             cdi,
             gates,
@@ -177,8 +177,30 @@ impl DeviceState {
 
     pub fn inventory(&self) -> Inventory {
         Inventory {
-            gpus: self.gpus.iter().map(|g| Gpu::clone(g)).collect(),
+            gpus: self.gpus().iter().map(|g| Gpu::clone(g)).collect(),
         }
+    }
+
+    /// The GPUs as last discovered (a snapshot: a refresh does not change it).
+    pub(crate) fn gpus(&self) -> Arc<Vec<Arc<Gpu>>> {
+        self.gpus.read().expect("gpus lock").clone()
+    }
+
+    /// Takes the MIG devices of each GPU from `live` (a fresh discovery), keeping everything else
+    /// found at start (PCI facts): what on-demand MIG does after changing the hardware.
+    pub fn refresh_mig(&self, live: &Inventory) {
+        let mut gpus = self.gpus.write().expect("gpus lock");
+        let refreshed: Vec<Arc<Gpu>> = gpus
+            .iter()
+            .map(|g| match live.gpus.iter().find(|l| l.uuid == g.uuid) {
+                Some(l) if l.mig != g.mig => Arc::new(Gpu {
+                    mig: l.mig.clone(),
+                    ..Gpu::clone(g)
+                }),
+                _ => g.clone(),
+            })
+            .collect();
+        *gpus = Arc::new(refreshed);
     }
 
     /// Serializes work on one claim; different claims proceed in parallel.

@@ -1,6 +1,7 @@
-//! The simulated backend: GPUs from hardware profiles, MIG devices kept in memory.
+//! The simulated backend: GPUs from hardware profiles, MIG devices kept in memory and, with a
+//! state file, on disk, so that a restarted plugin finds them as it would on a real GPU.
 use std::collections::{BTreeMap, VecDeque};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Condvar, Mutex};
 use std::time::Duration;
 
@@ -21,6 +22,14 @@ pub struct SimulatedBackend {
     /// Lines such as `gpu-3 xid 79`, `gpu-3 ecc`, `gpu-3 lost`, `gpu-3 healthy` appended to this
     /// file are picked up as health events (how tests inject faults into a running plugin).
     health_file: Option<PathBuf>,
+    /// Where the MIG devices are kept across restarts (`with_mig_state_file`).
+    mig_state_file: Option<PathBuf>,
+}
+
+/// The MIG devices of each GPU (by UUID), as the state file holds them.
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct MigState {
+    gpus: BTreeMap<String, Vec<MigDevice>>,
 }
 
 /// Sharing settings of one simulated GPU, as `nvidia-smi` would show them.
@@ -52,8 +61,54 @@ impl SimulatedBackend {
             health: Mutex::new(VecDeque::new()),
             health_ready: Condvar::new(),
             health_file: None,
+            mig_state_file: None,
         }
     }
+
+    /// Keeps the MIG devices in `path`: those it holds replace the GPUs' devices now (a restart
+    /// finds what the last run made), and every create and destroy rewrites it atomically.
+    pub fn with_mig_state_file(mut self, path: PathBuf) -> Result<Self, Error> {
+        match std::fs::read(&path) {
+            Ok(bytes) => {
+                let state: MigState = serde_json::from_slice(&bytes).map_err(|e| {
+                    Error::Device(format!("simulated MIG state {}: {e}", path.display()))
+                })?;
+                let mut inv = self.inventory.lock().expect("inventory lock");
+                for gpu in &mut inv.gpus {
+                    if let (Some(mig), Some(devices)) =
+                        (gpu.mig.as_mut(), state.gpus.get(&gpu.uuid))
+                    {
+                        mig.devices = devices.clone();
+                        mig.enabled = !devices.is_empty();
+                    }
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("reading", &path, e)),
+        }
+        self.mig_state_file = Some(path);
+        Ok(self)
+    }
+
+    /// Writes the MIG devices to the state file, if there is one (under the inventory lock).
+    fn persist(&self, inv: &Inventory) -> Result<(), Error> {
+        let Some(path) = &self.mig_state_file else {
+            return Ok(());
+        };
+        write_mig_state(path, inv)
+    }
+}
+
+fn write_mig_state(path: &Path, inv: &Inventory) -> Result<(), Error> {
+    let state = MigState {
+        gpus: inv
+            .gpus
+            .iter()
+            .filter_map(|g| Some((g.uuid.clone(), g.mig.as_ref()?.devices.clone())))
+            .collect(),
+    };
+    let bytes = serde_json::to_vec_pretty(&state).expect("MIG state serializes");
+    crate::fsutil::write_atomic(path, &bytes).map_err(|e| Error::io("writing", path, e))
 }
 
 impl SimulatedBackend {
@@ -254,6 +309,7 @@ impl DeviceBackend for SimulatedBackend {
         };
         mig.enabled = true;
         mig.devices.push(device.clone());
+        self.persist(&inv)?;
         Ok(device)
     }
 
@@ -322,13 +378,53 @@ impl DeviceBackend for SimulatedBackend {
                 mig.enabled = false;
             }
         }
-        Ok(())
+        self.persist(&inv)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn mig_devices_survive_a_restart_through_the_state_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("mig.json");
+        let groups = [GpuGroup::parse("h100-80gb:2").unwrap()];
+        let start = || {
+            SimulatedBackend::new("n", &groups, None)
+                .unwrap()
+                .with_mig_state_file(file.clone())
+                .unwrap()
+        };
+        let b = start();
+        let made = b.create_mig(1, 9, 4).unwrap();
+        b.create_mig(1, 19, 0).unwrap();
+        b.destroy_mig(1, 19, 0).unwrap();
+        drop(b);
+        let again = start().discover().unwrap();
+        let mig = again.gpus[1].mig.as_ref().unwrap();
+        assert_eq!(
+            mig.devices,
+            vec![made],
+            "the 3g.40gb is still there, the 1g is not"
+        );
+        assert!(mig.enabled);
+        assert!(!again.gpus[0].mig_enabled());
+        let fresh = SimulatedBackend::new("n", &groups, None).unwrap();
+        assert!(
+            !fresh.discover().unwrap().gpus[1].mig_enabled(),
+            "without the file nothing is kept"
+        );
+        std::fs::write(&file, "{not json").unwrap();
+        let e = SimulatedBackend::new("n", &groups, None)
+            .unwrap()
+            .with_mig_state_file(file.clone())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("mig.json"), "{e}");
+    }
 
     #[test]
     fn health_events_come_from_injection_and_the_file() {

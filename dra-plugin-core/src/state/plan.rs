@@ -110,9 +110,9 @@ impl DeviceState {
         if d.pool != self.pool {
             return Err(invalid(format!("this node serves pool {}", self.pool)));
         }
+        let gpus = self.gpus();
         let gpu_of = |minor: u32| {
-            self.gpus
-                .iter()
+            gpus.iter()
                 .find(|g| g.minor == minor)
                 .cloned()
                 .ok_or_else(|| invalid("no such GPU on this node".into()))

@@ -492,3 +492,25 @@ async fn startup_destroys_mig_devices_no_completed_claim_owns() {
         2
     );
 }
+
+#[tokio::test]
+async fn refreshed_mig_devices_can_be_prepared_and_a_carved_gpu_cannot() {
+    // On-demand MIG: devices made after start are preparable once the state is refreshed.
+    let f = fixture("h100-80gb:1", None, "");
+    let made = f.backend.create_mig(0, 9, 4).unwrap();
+    let name = "gpu-0-mig-3g40gb-9-4";
+    let e = f.state.prepare(&claim("u1", &[("mig", name)])).await;
+    assert!(e.is_err(), "unknown before the refresh");
+    f.state.refresh_mig(&f.backend.discover().unwrap());
+    let devices = f
+        .state
+        .prepare(&claim("u1", &[("mig", name)]))
+        .await
+        .unwrap();
+    assert_eq!(devices[0].device_name, name);
+    let spec = serde_json::to_string(&f.cdi.read("u1").unwrap().unwrap()).unwrap();
+    assert!(spec.contains(&made.uuid), "{spec}");
+    let e = f.state.prepare(&claim("u2", &[("gpu", "gpu-0")])).await;
+    let e = e.unwrap_err().to_string();
+    assert!(e.contains("MIG mode"), "{e}");
+}

@@ -53,7 +53,8 @@ impl DeviceState {
                 "passthrough devices need the PassthroughSupport feature gate".into(),
             ));
         }
-        let mut gpus: Vec<&Arc<Gpu>> = self.gpus.iter().filter(|g| g.pci.is_some()).collect();
+        let all = self.gpus();
+        let mut gpus: Vec<&Arc<Gpu>> = all.iter().filter(|g| g.pci.is_some()).collect();
         gpus.sort_by(|a, b| a.pci_bus_id.cmp(&b.pci_bus_id));
         Some(match gpus.get(index) {
             Some(g) if offers_vfio(g) => Ok(Arc::clone(g)),
