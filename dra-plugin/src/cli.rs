@@ -65,7 +65,8 @@ pub struct DeviceArgs {
     #[command(flatten)]
     pub hardware: HardwareArgs,
     /// Static MIG layout of simulated GPUs: `disabled`, `all-<profile>` (e.g. `all-1g.10gb`),
-    /// `all-balanced`, or an explicit list such as `3g.40gb,2g.20gb,1g.10gb`. Ignored with DynamicMIG.
+    /// `all-balanced`, or an explicit list such as `3g.40gb,2g.20gb,1g.10gb`. Ignored with DynamicMIG;
+    /// with --on-demand-mig the layout before the first change.
     #[arg(long, env = "SIMULATED_MIG_LAYOUT")]
     pub mig_layout: Option<String>,
     /// Root of the NVIDIA driver installation (e.g. `/run/nvidia/driver` for operator-managed drivers).
@@ -77,6 +78,24 @@ pub struct DeviceArgs {
     /// positive number of shares per device (NVIDIA's flag, variable and values).
     #[arg(long, env = "CONSUMABLE_SHARES", default_value = "disabled")]
     pub consumable_shares: ConsumableShares,
+    /// On-demand MIG: publish the GPUs and MIG devices that exist (as static MIG does) and create
+    /// or destroy MIG devices as this node's MigLayout object asks. Not with DynamicMIG.
+    #[arg(long, env = "ON_DEMAND_MIG")]
+    pub on_demand_mig: bool,
+}
+
+impl DeviceArgs {
+    /// Refuses modes that cannot be combined: both decide where MIG devices come from.
+    pub fn check_mig_mode(&self, gates: &gpu_dra_api::gates::FeatureGates) -> Result<(), String> {
+        if self.on_demand_mig && gates.dynamic_mig() {
+            return Err(
+                "--on-demand-mig (ON_DEMAND_MIG) and the DynamicMIG feature gate cannot \
+                 both be on: pick one way of making MIG devices"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
 }
 
 /// The host's sysfs and device nodes, for a container that mounts them elsewhere.

@@ -14,6 +14,7 @@ pub mod gates;
 pub mod grpc;
 pub mod kube;
 pub mod metrics;
+pub mod miglayout;
 pub mod prepare;
 pub mod run;
 

@@ -36,6 +36,22 @@ pub struct ClaimStatusLabels {
     pub result: &'static str,
 }
 
+/// A MIG device created or destroyed by on-demand MIG (see [`crate::miglayout`]).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MigLayoutChangeLabels {
+    /// `create` or `destroy`.
+    pub op: &'static str,
+    /// `ok` or `error`.
+    pub result: &'static str,
+}
+
+/// A GPU whose wanted MIG layout was not applied, by the refusal's fixed reason.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MigLayoutRefusalLabels {
+    /// `Invalid`, `InUse` or `Failed`.
+    pub reason: &'static str,
+}
+
 /// A count as a gauge's value (gauges hold an `i64`, which no count comes near).
 pub fn gauge_count(n: usize) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
@@ -52,6 +68,8 @@ pub struct Metrics {
     pub socket_errors: Family<SocketErrorLabels, Counter>,
     pub registration_refused: Counter,
     pub claim_status_writes: Family<ClaimStatusLabels, Counter>,
+    pub mig_layout_changes: Family<MigLayoutChangeLabels, Counter>,
+    pub mig_layout_refusals: Family<MigLayoutRefusalLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -74,6 +92,8 @@ impl Metrics {
         let socket_errors = Family::<SocketErrorLabels, Counter>::default();
         let registration_refused = Counter::default();
         let claim_status_writes = Family::<ClaimStatusLabels, Counter>::default();
+        let mig_layout_changes = Family::<MigLayoutChangeLabels, Counter>::default();
+        let mig_layout_refusals = Family::<MigLayoutRefusalLabels, Counter>::default();
         registry.register(
             "node_prepare_duration_seconds",
             "Duration of NodePrepareResources calls",
@@ -119,6 +139,16 @@ impl Metrics {
             "Server-side applies of ResourceClaim status.devices entries by outcome",
             claim_status_writes.clone(),
         );
+        registry.register(
+            "mig_layout_changes",
+            "MIG devices created or destroyed for this node's MigLayout, by outcome",
+            mig_layout_changes.clone(),
+        );
+        registry.register(
+            "mig_layout_refusals",
+            "GPUs whose wanted MIG layout was refused or failed, by reason",
+            mig_layout_refusals.clone(),
+        );
         Metrics {
             registry,
             prepare_duration,
@@ -130,6 +160,8 @@ impl Metrics {
             socket_errors,
             registration_refused,
             claim_status_writes,
+            mig_layout_changes,
+            mig_layout_refusals,
         }
     }
 

@@ -31,10 +31,12 @@ use crate::kube::publisher::{Publisher, cluster_splits_counters};
 use crate::kube::status::{ApiClaimStatus, ClaimStatus};
 use crate::kube::taints::taint_map;
 use crate::metrics::{Metrics, gauge_count};
+use crate::miglayout::Withheld;
 use crate::prepare::{ClaimOutputs, ClaimSource, Preparer};
 
 mod health;
 mod kubelet;
+mod on_demand;
 mod passthrough;
 mod shutdown;
 use health::{spawn_health, spawn_health_monitor};
@@ -44,6 +46,9 @@ use shutdown::{shutdown_signal, wait};
 /// `dra-plugin slices`: what this node would publish.
 pub fn print_slices(args: SlicesArgs) -> anyhow::Result<()> {
     let gates = FeatureGates::parse(&args.device.feature_gates)?;
+    args.device
+        .check_mig_mode(&gates)
+        .map_err(anyhow::Error::msg)?;
     let minor: u32 = args
         .kubernetes_version
         .trim_start_matches('v')
@@ -158,8 +163,9 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     // As NVIDIA's plugin: a sharing mode without its gate stops the start.
     let shares = dev.consumable_shares;
     shares.check_gate(&gates).map_err(anyhow::Error::msg)?;
+    dev.check_mig_mode(&gates).map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(Metrics::new());
-    let backend = build_backend(dev, Some(args.plugin_dir.join("simulated-health-events")))?;
+    let backend = build_backend(dev, Some(&args.plugin_dir))?;
     info!(backend = backend.kind(), node = %dev.node_name, gates = %gates, "starting");
 
     let client = match &args.offline_claims_dir {
@@ -193,7 +199,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         DeviceState::new(
             &dev.node_name,
             backend.clone(),
-            inventory.clone(),
+            inventory,
             checkpoint,
             cdi.clone(),
             gates.clone(),
@@ -298,8 +304,13 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     };
     let opts_for_pool = opts.clone();
     let state_for_pool = state.clone();
-    // The node's slice contents, with taints from health and, when enabled, consumable capacity.
+    let withheld = Withheld::default();
+    let withheld_for_pool = withheld.clone();
+    // The node's slice contents, with taints from health and, when enabled, consumable capacity;
+    // without the devices on-demand MIG is about to change. The GPUs are the state's, which
+    // on-demand MIG refreshes.
     let pool = move |taints: &dyn Fn(&[SliceContent]) -> TaintMap| {
+        let inventory = state_for_pool.inventory();
         let mut contents = build_pool(&inventory, &opts_for_pool, &TaintMap::new());
         let taints = taints(&contents);
         if !taints.is_empty() {
@@ -309,6 +320,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             passthrough::add_to_pool(&mut contents, &inventory, &state_for_pool);
         }
         enable_consumable_shares(&mut contents, shares);
+        withheld_for_pool.remove_from(&mut contents);
         contents
     };
     let untainted = pool(&|_| TaintMap::new());
@@ -323,6 +335,25 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
         let publisher = Publisher::new(client.clone(), opts.clone(), metrics.clone());
         tokio::spawn(publisher.run(contents_rx, shutdown.clone()));
         tokio::spawn(cleanup_loop(client, outputs, shutdown.clone()));
+    }
+    if let (true, Some(client)) = (dev.on_demand_mig, client.clone()) {
+        let (pool, tx, tracker) = (pool.clone(), contents_tx.clone(), tracker.clone());
+        let republish = move || {
+            let t = tracker.lock().expect("health tracker");
+            let contents = match health_enabled {
+                true => pool(&|c| taint_map(&t, c)),
+                false => pool(&|_| TaintMap::new()),
+            };
+            let _ = tx.send(contents);
+        };
+        let reconciler = on_demand::reconciler(
+            client,
+            &args,
+            (state.clone(), backend.clone()),
+            (withheld, Arc::new(republish)),
+            metrics.clone(),
+        );
+        tokio::spawn(reconciler.run(shutdown.clone()));
     }
     if health_enabled {
         let publish = move |t: &HealthTracker| {

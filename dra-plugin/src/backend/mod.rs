@@ -2,7 +2,7 @@
 //! ([`dra_plugin_core::backend::DeviceBackend`]): NVML for real GPUs, the core's simulated backend
 //! for hardware profiles, and the mock NVML driver root that lets tests run the NVML backend
 //! without a GPU. [`build_backend`] picks one from the command line.
-use std::path::PathBuf;
+use std::path::Path;
 use std::sync::Arc;
 
 use dra_plugin_core::backend::DeviceBackend;
@@ -17,10 +17,11 @@ pub mod nvml_mock_root;
 
 use nvml::{NvmlBackend, NvmlOptions};
 
-/// The device backend; `health_file` is where a simulated node takes injected health events.
+/// The device backend. `state_dir` (the plugin directory) is where a simulated node takes injected
+/// health events and, with on-demand MIG, keeps its MIG devices across restarts.
 pub fn build_backend(
     args: &DeviceArgs,
-    health_file: Option<PathBuf>,
+    state_dir: Option<&Path>,
 ) -> anyhow::Result<Arc<dyn DeviceBackend>> {
     Ok(match args.backend {
         Backend::Simulated => {
@@ -46,11 +47,14 @@ pub fn build_backend(
             } else {
                 default_layout
             };
-            let sim = SimulatedBackend::new(&args.node_name, &groups, layout.as_deref())?;
-            Arc::new(match health_file {
-                Some(path) => sim.with_health_file(path),
-                None => sim,
-            })
+            let mut sim = SimulatedBackend::new(&args.node_name, &groups, layout.as_deref())?;
+            if let Some(dir) = state_dir {
+                sim = sim.with_health_file(dir.join("simulated-health-events"));
+                if args.on_demand_mig {
+                    sim = sim.with_mig_state_file(dir.join("simulated-mig.json"))?;
+                }
+            }
+            Arc::new(sim)
         }
         Backend::Nvml => Arc::new(NvmlBackend::with_options(NvmlOptions {
             sysfs_root: args.host.sysfs.clone(),

@@ -314,6 +314,7 @@ pub fn run(args: MockRootArgs) -> anyhow::Result<()> {
         mig_layout: args.mig_layout.clone(),
         driver_root: None,
         host: Default::default(),
+        on_demand_mig: false,
     };
     let inv = crate::backend::build_backend(&device, None)?.discover()?;
     let out = std::path::absolute(&args.out)?;

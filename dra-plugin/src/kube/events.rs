@@ -45,23 +45,53 @@ pub async fn node_warning(
     action: &str,
     message: &str,
 ) -> Result<(), kube::Error> {
+    let involved = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.into()),
+        uid: node_uid.map(str::to_string),
+        ..Default::default()
+    };
+    let what = EventKind {
+        type_: "Warning",
+        reason,
+        action,
+    };
+    object_event(client, node, involved, what, message).await
+}
+
+/// An event's type (`Normal`, `Warning`), reason and the action the plugin was taking.
+pub struct EventKind<'a> {
+    pub type_: &'a str,
+    pub reason: &'a str,
+    pub action: &'a str,
+}
+
+/// Records an event on a cluster-scoped object (in `default`, where kubectl looks for those)
+/// from this node's plugin.
+pub async fn object_event(
+    client: &kube::Client,
+    node: &str,
+    involved: ObjectReference,
+    what: EventKind<'_>,
+    message: &str,
+) -> Result<(), kube::Error> {
+    let EventKind {
+        type_,
+        reason,
+        action,
+    } = what;
     let now = k8s_openapi::jiff::Timestamp::now();
     let event = Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{node}.")),
+            generate_name: Some(format!("{}.", involved.name.as_deref().unwrap_or(node))),
             namespace: Some("default".into()),
             ..Default::default()
         },
-        involved_object: ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.into()),
-            uid: node_uid.map(str::to_string),
-            ..Default::default()
-        },
+        involved_object: involved,
         reason: Some(reason.into()),
         message: Some(message.chars().take(1024).collect()),
-        type_: Some("Warning".into()),
+        type_: Some(type_.into()),
         source: Some(EventSource {
             component: Some(PLUGIN_COMPONENT.into()),
             host: Some(node.into()),

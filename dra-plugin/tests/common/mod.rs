@@ -44,6 +44,7 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
             driver_root: None,
             host: Default::default(),
             consumable_shares: Default::default(),
+            on_demand_mig: false,
         },
         kubeconfig: None,
         registrar_dir: dir.join("registry"),
