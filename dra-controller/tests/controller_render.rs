@@ -70,6 +70,16 @@ fn plugin_env_flags() -> BTreeMap<String, String> {
     flags
 }
 
+/// The `run` flags that take no value.
+fn plugin_switches() -> std::collections::BTreeSet<String> {
+    let cli = Cli::command();
+    let run = cli.find_subcommand("run").expect("dra-plugin has `run`");
+    run.get_arguments()
+        .filter(|a| !a.get_action().takes_values())
+        .filter_map(|a| Some(format!("--{}", a.get_long()?)))
+        .collect()
+}
+
 /// Parses the container the way its process would start: command, args, and every env var turned into
 /// the flag the plugin reads it through. `NODE_NAME` (a field reference) resolves to `node-a`.
 fn parse(c: &Container) -> RunArgs {
@@ -79,6 +89,7 @@ fn parse(c: &Container) -> RunArgs {
 /// [`parse`], with the logging flags the variables turned into.
 fn parse_all(c: &Container) -> (RunArgs, gpu_dra_log::LogArgs) {
     let flags = plugin_env_flags();
+    let switches = plugin_switches();
     let mut argv: Vec<String> = c.command.clone().unwrap_or_default();
     argv.extend(c.args.clone().unwrap_or_default());
     assert_eq!(argv[..2], ["dra-plugin", "run"], "command and args");
@@ -98,7 +109,12 @@ fn parse_all(c: &Container) -> (RunArgs, gpu_dra_log::LogArgs) {
             }
             other => panic!("{}: {other:?}", e.name),
         };
-        argv.push(format!("{flag}={value}"));
+        // A switch (`--on-demand-mig`) reads its variable as a boolean and takes no value.
+        match (switches.contains(flag.as_str()), value.as_str()) {
+            (true, "true") => argv.push(flag.clone()),
+            (true, _) => {}
+            (false, _) => argv.push(format!("{flag}={value}")),
+        }
     }
     match Cli::try_parse_from(&argv) {
         Ok(Cli {
@@ -300,6 +316,22 @@ fn compute_domains_run_the_plugin_in_compute_domain_mode() {
     assert_eq!(containers(&off).len(), 1);
 }
 
+/// `onDemandMig.enabled` turns on the GPU plugin's `--on-demand-mig`, and only that container's.
+#[test]
+fn on_demand_mig_reaches_the_gpu_plugin_only() {
+    let on = daemonset(json!({ "draDriver": {
+        "gpus": { "onDemandMig": { "enabled": true, "policy": "Spread", "holdDown": "30s" } },
+        "computeDomains": { "enabled": true },
+    } }));
+    let cs = containers(&on);
+    assert!(parse(&cs[0]).device.on_demand_mig);
+    assert!(!parse(&cs[1]).device.on_demand_mig);
+    let off =
+        daemonset(json!({ "draDriver": { "gpus": { "onDemandMig": { "enabled": false } } } }));
+    assert!(!parse(&containers(&off)[0]).device.on_demand_mig);
+    assert_eq!(env_of(&containers(&off)[0], "ON_DEMAND_MIG"), None);
+}
+
 /// The plugin may write its devices' entries in claim status: the status subresource, and the
 /// per-driver verb the API server checks for a token bound to the claim's node (1.36+).
 #[test]
@@ -330,6 +362,16 @@ fn plugin_role_allows_claim_status_of_its_driver() {
     let driver = rule("resourceclaims/driver");
     assert_eq!(driver["resourceNames"], json!(["gpu.nvidia.com"]));
     assert_eq!(driver["verbs"], json!(["associated-node:patch"]));
+    let layouts = rules
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["resources"] == json!(["miglayouts", "miglayouts/status"]))
+        .unwrap_or_else(|| panic!("no MigLayout rule: {rules}"));
+    assert_eq!(
+        layouts["verbs"],
+        json!(["get", "list", "watch", "create", "patch"])
+    );
 }
 
 #[test]

@@ -18,6 +18,8 @@ pub enum Error {
     Serialize(#[source] serde_json::Error),
     #[error("finalizer failed: {0}")]
     Finalizer(#[source] Box<kube::runtime::finalizer::Error<Error>>),
+    #[error("onDemandMig.holdDown {0:?} is not a duration like 30s, 5m or 1h30m")]
+    HoldDown(String),
     #[error("metrics or health server failed: {0}")]
     Server(#[source] std::io::Error),
 }
@@ -38,6 +40,7 @@ impl Error {
             Self::MissingField(_) => "missing_field",
             Self::Serialize(_) => "serialize",
             Self::Finalizer(_) => "finalizer",
+            Self::HoldDown(_) => "hold_down",
             Self::Server(_) => "server",
         }
     }

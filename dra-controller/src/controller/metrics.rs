@@ -27,6 +27,23 @@ pub struct NodeStateLabel {
     pub state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// On-demand MIG: layout changes by kind, and claims left without a device by reason.
+#[derive(Clone, Default)]
+pub struct MigMetrics {
+    pub changes: Family<KindLabel, Counter>,
+    pub unmet: Family<ReasonLabel, Gauge>,
+}
+
 #[derive(Clone)]
 pub struct ReconcileMetrics {
     runs: Family<ControllerLabel, Counter>,
@@ -98,6 +115,7 @@ pub struct Metrics {
     pub reconcile: ReconcileMetrics,
     pub pool: PoolMetrics,
     pub leader: Gauge,
+    pub mig: MigMetrics,
 }
 
 impl Metrics {
@@ -133,10 +151,23 @@ impl Metrics {
             "1 while this replica holds the lease",
             leader.clone(),
         );
+        let mig = MigMetrics::default();
+        let sub = registry.sub_registry_with_prefix("gpu_dra_mig");
+        sub.register(
+            "layout_changes",
+            "MIG layout changes the controller wrote, by kind",
+            mig.changes.clone(),
+        );
+        sub.register(
+            "unmet_claims",
+            "Pending claims no MIG change can serve, by reason (last pass)",
+            mig.unmet.clone(),
+        );
         Self {
             reconcile,
             pool,
             leader,
+            mig,
         }
     }
 }

@@ -11,6 +11,7 @@ pub mod http;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod migshaper;
 pub mod pool;
 pub mod render;
 pub mod status;
@@ -24,10 +25,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use futures::{FutureExt, StreamExt};
+use gpu_dra_api::miglayout::MigLayout;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Node, Pod};
-use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceClaimTemplate};
+use k8s_openapi::api::resource::v1::{
+    DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
+};
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -165,6 +169,16 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             ctx,
             shutdown.clone(),
         )));
+        let shaper = Arc::new(migshaper::run::Ctx {
+            client: client.clone(),
+            metrics: metrics.clone(),
+            memory: Default::default(),
+        });
+        controllers.push(Box::pin(migshaper_controller(
+            client.clone(),
+            shaper,
+            shutdown.clone(),
+        )));
     }
     if args.controllers.contains(&ControllerKind::Computedomain) {
         let ctx = Arc::new(computedomain::Ctx {
@@ -249,6 +263,33 @@ fn gpucluster_controller(
     .graceful_shutdown_on(shutdown)
     .run(gpucluster::reconcile, gpucluster::error_policy, ctx)
     .for_each(|res| async move { log_outcome("gpucluster", res) })
+}
+
+/// The on-demand MIG shaper: one pass over the pool for any change of demand or geometry. It
+/// idles (`await_change`) while the GPUCluster does not enable on-demand MIG.
+fn migshaper_controller(
+    client: Client,
+    ctx: Arc<migshaper::run::Ctx>,
+    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
+) -> impl Future<Output = ()> {
+    let all = watcher::Config::default;
+    Controller::new(Api::<GPUCluster>::all(client.clone()), all())
+        .watches(Api::<Pod>::all(client.clone()), all(), singleton::<Pod>)
+        .watches(
+            Api::<ResourceClaim>::all(client.clone()),
+            all(),
+            singleton::<ResourceClaim>,
+        )
+        .watches(
+            Api::<ResourceSlice>::all(client.clone()),
+            all(),
+            singleton::<ResourceSlice>,
+        )
+        .watches(Api::<MigLayout>::all(client), all(), singleton::<MigLayout>)
+        .with_config(ControllerConfig::default().debounce(Duration::from_secs(2)))
+        .graceful_shutdown_on(shutdown)
+        .run(migshaper::run::reconcile, migshaper::run::error_policy, ctx)
+        .for_each(|res| async move { log_outcome("migshaper", res) })
 }
 
 fn computedomain_controller(

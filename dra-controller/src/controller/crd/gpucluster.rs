@@ -90,6 +90,68 @@ pub struct DraDriverSpec {
 pub struct GpusSpec {
     #[serde(default)]
     pub kubelet_plugin: KubeletPluginSpec,
+    /// On-demand MIG: nodes publish the MIG devices that exist and the controller carves new ones
+    /// for pending claims (see docs/on-demand-mig.md). Ours; not in the operator's CRD.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_demand_mig: Option<OnDemandMigSpec>,
+}
+
+impl GpusSpec {
+    /// The on-demand MIG settings when the mode is on.
+    pub fn on_demand_mig(&self) -> Option<&OnDemandMigSpec> {
+        self.on_demand_mig.as_ref().filter(|m| m.enabled)
+    }
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct OnDemandMigSpec {
+    /// Run kubelet plugins with `--on-demand-mig` and let the controller shape MIG geometry.
+    #[serde(default)]
+    pub enabled: bool,
+    /// Where new MIG devices go: `BinPack` fills GPUs and nodes already in use first, `Spread`
+    /// the least used first.
+    #[serde(default)]
+    pub policy: MigPolicy,
+    /// How long a GPU's MIG devices must all stay unallocated before it goes back to whole, as a
+    /// duration (`30s`, `5m`, `1h30m`).
+    #[serde(default = "default_hold_down")]
+    #[schemars(regex(pattern = r"^([0-9]+(ms|s|m|h))+$"))]
+    pub hold_down: String,
+    /// MIG devices kept idle on every pool node, where free GPUs allow.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pre_carve: Vec<PreCarve>,
+}
+
+impl Default for OnDemandMigSpec {
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            policy: MigPolicy::default(),
+            hold_down: default_hold_down(),
+            pre_carve: Vec::new(),
+        }
+    }
+}
+
+fn default_hold_down() -> String {
+    "5m".into()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum MigPolicy {
+    #[default]
+    BinPack,
+    Spread,
+}
+
+/// `count` idle MIG devices of `profile` (e.g. `1g.10gb`) per pool node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PreCarve {
+    pub profile: String,
+    #[schemars(range(min = 1, max = 64))]
+    pub count: u32,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

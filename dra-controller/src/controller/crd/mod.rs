@@ -5,6 +5,7 @@ mod gpucluster;
 pub use computedomain::*;
 pub use gpucluster::*;
 
+use gpu_dra_api::miglayout::MigLayout;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
     CustomResourceDefinition, JSON,
 };
@@ -43,7 +44,7 @@ pub const CRD_OWNER_LABEL: (&str, &str) = super::labels::PART_OF;
 /// The CRDs as one multi-document YAML stream, in a stable order; `deploy/crds/` holds this output.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::new();
-    for mut crd in [gpucluster_crd(), ComputeDomain::crd()] {
+    for mut crd in [gpucluster_crd(), ComputeDomain::crd(), MigLayout::crd()] {
         crd.metadata.labels = Some(
             [(CRD_OWNER_LABEL.0.to_owned(), CRD_OWNER_LABEL.1.to_owned())]
                 .into_iter()

@@ -60,6 +60,10 @@ fn base_env(
         json!({ "name": "METRICS_PORT", "value": metrics_port.to_string() }),
         json!({ "name": "HEALTHCHECK_PORT", "value": health_port.to_string() }),
     ];
+    // The compute-domain container has no MIG to shape.
+    if driver == GPU_DRIVER && t.spec.dra_driver.gpus.on_demand_mig().is_some() {
+        env.push(json!({ "name": "ON_DEMAND_MIG", "value": "true" }));
+    }
     env.extend(t.log_env_entries());
     env
 }

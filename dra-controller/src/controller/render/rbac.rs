@@ -58,6 +58,8 @@ pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
             { "apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"] },
             { "apiGroups": [""], "resources": ["pods"], "verbs": READ },
             { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status"], "verbs": ["get", "list", "watch", "patch", "update"] },
+            // On-demand MIG: the plugin creates its node's MigLayout and reports in its status.
+            { "apiGroups": ["nvidia.com"], "resources": ["miglayouts", "miglayouts/status"], "verbs": ["get", "list", "watch", "create", "patch"] },
         ]),
     )
 }
