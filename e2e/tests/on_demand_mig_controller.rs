@@ -1,0 +1,235 @@
+//! On-demand MIG with the controller through the real kubelet: a node with `--on-demand-mig` and
+//! no MIG device; a pod asks for a 3g.40gb; the controller (`dra-controller run`, GPUCluster with
+//! `onDemandMig` on and a short hold-down) writes the MigLayout spec, the plugin carves the device,
+//! the scheduler places the pod and it runs. Once the pod is gone, the GPU goes back to whole.
+//!
+//! The controller runs as a subprocess (`E2E_CONTROLLER_BIN`, default `target/debug/dra-controller`).
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use anyhow::{Context, Result, bail, ensure};
+use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until, yaml_docs};
+use e2e::env_or_skip;
+use k8s_openapi::api::core::v1::Event;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
+};
+use serde_json::json;
+use tokio::process::{Child, Command};
+
+const TEMPLATE: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: mig-3g
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
+"#;
+
+fn gpuclusters(env: &Env) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "gpuclusters");
+    Api::all_with(env.client.clone(), &ar)
+}
+
+/// MigLayouts, read untyped: the e2e crate builds `gpu-dra-api` without its `crd` feature.
+fn layouts(env: &Env) -> Api<DynamicObject> {
+    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "MigLayout");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "miglayouts");
+    Api::all_with(env.client.clone(), &ar)
+}
+
+/// Server-side applies `deploy/crds/crds.yaml` (GPUCluster, ComputeDomain, MigLayout) and waits
+/// until each CRD is Established.
+async fn apply_crds(env: &Env) -> Result<()> {
+    let text = std::fs::read_to_string(env.repo.join("deploy/crds/crds.yaml"))?;
+    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
+    for doc in yaml_docs(&text)? {
+        let name = doc["metadata"]["name"].as_str().context("CRD name")?;
+        let ssa = PatchParams::apply("e2e").force();
+        crds.patch(name, &ssa, &Patch::Apply(&doc)).await?;
+        wait_until(&format!("CRD {name} Established"), WAIT, || async {
+            let c = crds.get(name).await?;
+            let conds = c.status.and_then(|s| s.conditions).unwrap_or_default();
+            Ok(conds
+                .iter()
+                .any(|c| c.type_ == "Established" && c.status == "True")
+                .then_some(()))
+        })
+        .await?;
+    }
+    Ok(())
+}
+
+/// The GPUCluster with on-demand MIG on; its migration pool selects no node, so the GPUCluster
+/// reconciler leaves the scenario's node as it is.
+async fn apply_gpucluster(env: &Env, hold_down: &str) -> Result<()> {
+    let gc = json!({
+        "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
+        "metadata": { "name": "gpu-cluster" },
+        "spec": {
+            "draDriver": {
+                "gpus": { "onDemandMig": { "enabled": true, "policy": "BinPack", "holdDown": hold_down } },
+                "computeDomains": { "enabled": false },
+            },
+            "migrationPool": { "nodeSelector": { "matchLabels": { "e2e-no-such-pool": "true" } } },
+        },
+    });
+    let ssa = PatchParams::apply("e2e").force();
+    gpuclusters(env)
+        .patch("gpu-cluster", &ssa, &Patch::Apply(&gc))
+        .await?;
+    Ok(())
+}
+
+/// `dra-controller run` against the test cluster, its log in the work dir.
+fn start_controller(env: &Env) -> Result<Child> {
+    let bin = std::env::var_os("E2E_CONTROLLER_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| env.repo.join("target/debug/dra-controller"));
+    if !bin.exists() {
+        bail!(
+            "{} not found: `cargo build -p dra-controller`",
+            bin.display()
+        );
+    }
+    std::fs::create_dir_all(&env.work)?;
+    let log = std::fs::File::create(env.work.join(format!("controller-{}.log", env.test)))?;
+    let child = Command::new(&bin)
+        .args([
+            "run",
+            "--namespace",
+            &env.ns,
+            "--metrics-addr",
+            "127.0.0.1:0",
+        ])
+        .args(["--controllers", "gpucluster", "--identity", &env.test])
+        .env("KUBECONFIG", &env.kubeconfig)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::from(log.try_clone()?))
+        .stderr(Stdio::from(log))
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting {}", bin.display()))?;
+    Ok(child)
+}
+
+/// Waits until the node publishes every device of `present` and none of `absent`.
+async fn wait_devices(env: &Env, node: &str, present: &[&str], absent: &[&str]) -> Result<()> {
+    let what = format!("{node} publishing {present:?} without {absent:?}");
+    wait_until(&what, WAIT, || async {
+        let d = env.devices(node).await?;
+        let ok = present.iter().all(|n| d.contains_key(*n))
+            && absent.iter().all(|n| !d.contains_key(*n));
+        Ok(ok.then_some(()))
+    })
+    .await
+}
+
+/// The MIG devices the node's spec asks for, over all GPUs, as `profile@start`.
+async fn spec_devices(env: &Env, node: &str) -> Result<Vec<String>> {
+    let l = layouts(env).get(node).await?;
+    let gpus = l.data["spec"]["gpus"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    Ok(gpus
+        .iter()
+        .flat_map(|g| g["devices"].as_array().cloned().unwrap_or_default())
+        .map(|d| format!("{}@{}", d["profile"].as_str().unwrap_or("?"), d["start"]))
+        .collect())
+}
+
+/// How many GPUs the node's plugin reports in its MigLayout status.
+async fn reported_gpus(env: &Env, node: &str) -> Result<usize> {
+    let l = layouts(env).get_opt(node).await?;
+    Ok(
+        l.and_then(|l| l.data["status"]["gpus"].as_array().map(Vec::len))
+            .unwrap_or(0),
+    )
+}
+
+#[tokio::test]
+async fn odc1_carve_for_pending_pod_then_merge() -> Result<()> {
+    let mut env = env_or_skip!("odc1_carve_for_pending_pod_then_merge");
+    apply_crds(&env).await?;
+    let node = "odc1-h100";
+    env.add_node(node, &["--profile", "h100-80gb:2", "--on-demand-mig"])
+        .await?;
+    wait_devices(&env, node, &["gpu-0", "gpu-1"], &[]).await?;
+    wait_until("the plugin reports its GPUs", WAIT, || async {
+        Ok((reported_gpus(&env, node).await? == 2).then_some(()))
+    })
+    .await?;
+    apply_gpucluster(&env, "5s").await?;
+    let mut controller = start_controller(&env)?;
+
+    // Nothing publishes a 3g.40gb: the pod waits until the controller has one carved.
+    env.create_from_yaml(TEMPLATE).await?;
+    let claim = [PodClaim {
+        name: "mig",
+        template: "mig-3g",
+    }];
+    env.create_pod(&env.pod_manifest("odc1-pod", Some(node), &claim, None)?)
+        .await?;
+    env.wait_running("odc1-pod").await?;
+    let c = env.pod_claim("odc1-pod", "mig").await?;
+    let got: Vec<String> = allocation_results(&c)
+        .into_iter()
+        .map(|r| r.device)
+        .collect();
+    ensure!(
+        got.len() == 1 && got[0].starts_with("gpu-0-mig-3g40gb-9-"),
+        "odc1-pod got {got:?}, want a 3g.40gb on gpu-0 (BinPack, lowest GPU first)"
+    );
+    let wanted = spec_devices(&env, node).await?;
+    ensure!(
+        wanted.len() == 1 && wanted[0].starts_with("3g.40gb@"),
+        "spec: {wanted:?}"
+    );
+    wait_until("a MigDeviceWanted Event on the MigLayout", WAIT, || async {
+        let events: Api<Event> = Api::all(env.client.clone());
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.kind=MigLayout,involvedObject.name={node},reason=MigDeviceWanted"
+        ));
+        Ok(events.list(&lp).await?.items.first().cloned())
+    })
+    .await?;
+    ensure!(controller.try_wait()?.is_none(), "dra-controller exited");
+
+    // With the pod gone, the device idles through the hold-down and gpu-0 is whole again.
+    env.delete_pod("odc1-pod").await?;
+    env.wait_pod_gone("odc1-pod").await?;
+    wait_devices(&env, node, &["gpu-0", "gpu-1"], &[&got[0]]).await?;
+    ensure!(
+        spec_devices(&env, node).await?.is_empty(),
+        "spec still carved"
+    );
+    ensure!(controller.try_wait()?.is_none(), "dra-controller exited");
+
+    // The GPUCluster's finalizer needs the controller: delete it first, then stop the controller.
+    gpuclusters(&env)
+        .delete("gpu-cluster", &DeleteParams::default())
+        .await?;
+    wait_until("GPUCluster gone", WAIT, || async {
+        Ok(gpuclusters(&env)
+            .get_opt("gpu-cluster")
+            .await?
+            .is_none()
+            .then_some(()))
+    })
+    .await?;
+    controller.kill().await?;
+    layouts(&env).delete(node, &Default::default()).await?;
+    env.check_violations()?;
+    env.teardown().await
+}
