@@ -22,6 +22,8 @@ pub struct PendingClaim {
     /// `namespace/name` of the pod waiting for it.
     pub pod: String,
     pub claim: ResourceClaim,
+    /// The pod's `nodeSelector`: only nodes with these labels are considered.
+    pub node_selector: BTreeMap<String, String>,
 }
 
 /// Everything one pass looks at.
@@ -33,6 +35,8 @@ pub struct State<'a> {
     /// Claims with an allocation.
     pub allocated: &'a [ResourceClaim],
     pub pending: Vec<PendingClaim>,
+    /// Labels of the nodes, by name, for the pods' node selectors.
+    pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Since when each GPU (by UUID) has had MIG devices and none of them in use, from the last pass.
     pub idle_since: BTreeMap<String, Instant>,
 }
@@ -99,6 +103,7 @@ pub fn decide(state: State<'_>, policy: &Policy, now: Instant) -> Decision {
         classes: state.classes,
         nodes: state.nodes,
         allocated: AllocatedState::from_claims(state.allocated),
+        node_labels: state.node_labels,
         touched: BTreeSet::new(),
         changes: Vec::new(),
     };
@@ -128,6 +133,7 @@ pub(super) struct Work<'a> {
     pub nodes: Vec<NodeState>,
     /// Allocated devices, plus those this pass plans pending claims onto.
     pub allocated: AllocatedState,
+    pub node_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// (node, gpu) indices whose layout this pass changed.
     pub touched: BTreeSet<(usize, usize)>,
     pub changes: Vec<Change>,
@@ -217,6 +223,21 @@ impl Work<'_> {
         }
     }
 
+    /// Whether the pod waiting for `p` may run on `node` as far as its node selector goes.
+    fn selects(&self, p: &PendingClaim, node: &str) -> bool {
+        let labels = self.node_labels.get(node);
+        p.node_selector
+            .iter()
+            .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v))
+    }
+
+    fn sim_node(&self, node: &str) -> SimNode {
+        SimNode {
+            name: node.to_string(),
+            labels: self.node_labels.get(node).cloned().unwrap_or_default(),
+        }
+    }
+
     /// The allocation of `claim` on `node` over `slices` with what is in use now, if any.
     pub fn allocate(
         &self,
@@ -225,10 +246,7 @@ impl Work<'_> {
         claim: &ResourceClaim,
     ) -> Option<Vec<AllocationResult>> {
         let alloc = Allocator::new(self.classes, slices, self.allocated.clone());
-        let sim = SimNode {
-            name: node.to_string(),
-            labels: BTreeMap::new(),
-        };
+        let sim = self.sim_node(node);
         alloc
             .allocate(&sim, std::slice::from_ref(claim))
             .ok()
@@ -244,11 +262,14 @@ impl Work<'_> {
     /// Plans one pending claim: nothing when it fits what is published or planned, else one new
     /// MIG device; `Some` when neither works.
     fn place(&mut self, p: &PendingClaim, published: &[ResourceSlice]) -> Option<Unmet> {
-        if let Some(r) = self.fits_published(published, &p.claim) {
+        if let Some(r) = self.fits_published(published, p) {
             self.reserve(&r);
             return None;
         }
         for n in 0..self.nodes.len() {
+            if !self.selects(p, &self.nodes[n].name) {
+                continue;
+            }
             let slices = node_slices(&self.nodes[n], GpuState::layout);
             if let Some(r) = self.allocate(&slices, &self.nodes[n].name, &p.claim) {
                 self.reserve(&r);
@@ -256,7 +277,7 @@ impl Work<'_> {
             }
         }
         let mut probes = super::unmet::Probes::default();
-        let hypotheses = self.hypotheses(&p.claim, &mut probes);
+        let hypotheses = self.hypotheses(p, &mut probes);
         for h in hypotheses.iter().take(MAX_TRIES) {
             if self.try_hypothesis(h, p) {
                 return None;
@@ -273,19 +294,19 @@ impl Work<'_> {
     fn fits_published(
         &self,
         published: &[ResourceSlice],
-        claim: &ResourceClaim,
+        p: &PendingClaim,
     ) -> Option<Vec<AllocationResult>> {
         let alloc = Allocator::new(self.classes, published, self.allocated.clone());
-        alloc.node_names().into_iter().find_map(|name| {
-            let sim = SimNode {
-                name,
-                labels: BTreeMap::new(),
-            };
-            alloc
-                .allocate(&sim, std::slice::from_ref(claim))
-                .ok()
-                .flatten()
-        })
+        alloc
+            .node_names()
+            .into_iter()
+            .filter(|name| self.selects(p, name))
+            .find_map(|name| {
+                alloc
+                    .allocate(&self.sim_node(&name), std::slice::from_ref(&p.claim))
+                    .ok()
+                    .flatten()
+            })
     }
 
     /// Whether the GPU may get new MIG devices: shapeable, not allocated or planned whole, and
@@ -318,13 +339,13 @@ impl Work<'_> {
 
     /// Every single new MIG device that could serve `claim`, best first: smallest matching profile,
     /// then the policy's GPU order, then node, GPU and placement.
-    fn hypotheses(
-        &self,
-        claim: &ResourceClaim,
-        probes: &mut super::unmet::Probes,
-    ) -> Vec<Hypothesis> {
+    fn hypotheses(&self, p: &PendingClaim, probes: &mut super::unmet::Probes) -> Vec<Hypothesis> {
+        let claim = &p.claim;
         let mut out = Vec::new();
         for n in 0..self.nodes.len() {
+            if !self.selects(p, &self.nodes[n].name) {
+                continue;
+            }
             for g in 0..self.nodes[n].gpus.len() {
                 let Some(model) = self.eligible(n, g) else {
                     continue;

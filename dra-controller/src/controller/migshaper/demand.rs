@@ -79,6 +79,11 @@ pub fn pending(
                     key: k,
                     pod: key(ns.as_deref(), &pod.name_any()),
                     claim: (*claim).clone(),
+                    node_selector: pod
+                        .spec
+                        .as_ref()
+                        .and_then(|s| s.node_selector.clone())
+                        .unwrap_or_default(),
                 });
             }
         }
@@ -117,4 +122,80 @@ fn claim_names(pod: &Pod) -> Vec<String> {
             })
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    fn class(name: &str, driver: &str) -> DeviceClass {
+        serde_json::from_value(json!({
+            "metadata": { "name": name },
+            "spec": { "selectors": [{ "cel": { "expression": format!("device.driver == '{driver}'") } }] },
+        }))
+        .unwrap()
+    }
+
+    fn claim(name: &str, class: &str, allocated: bool) -> ResourceClaim {
+        let mut c = json!({
+            "metadata": { "name": name, "namespace": "ns" },
+            "spec": { "devices": { "requests": [{ "name": "r", "exactly": { "deviceClassName": class } }] } },
+        });
+        if allocated {
+            c["status"] = json!({ "allocation": { "devices": { "results": [] } } });
+        }
+        serde_json::from_value(c).unwrap()
+    }
+
+    /// A pending pod using `claim` through a template (its status names the generated claim).
+    fn pod(name: &str, claim: &str, node: Option<&str>) -> Pod {
+        serde_json::from_value(json!({
+            "metadata": { "name": name, "namespace": "ns" },
+            "spec": {
+                "nodeName": node,
+                "nodeSelector": { "zone": "a" },
+                "containers": [{ "name": "c" }],
+                "resourceClaims": [{ "name": "gpu", "resourceClaimTemplateName": "t" }],
+            },
+            "status": {
+                "phase": "Pending",
+                "resourceClaimStatuses": [{ "name": "gpu", "resourceClaimName": claim }],
+            },
+        }))
+        .unwrap()
+    }
+
+    #[test]
+    fn only_unallocated_gpu_claims_of_unbound_pods_are_pending() {
+        let classes = [
+            class("mig.nvidia.com", "gpu.nvidia.com"),
+            class("other", "example.com"),
+        ];
+        let claims = [
+            claim("mig", "mig.nvidia.com", false),
+            claim("done", "mig.nvidia.com", true),
+            claim("foreign", "other", false),
+            claim("bound", "mig.nvidia.com", false),
+        ];
+        let pods = [
+            pod("p1", "mig", None),
+            pod("p2", "done", None),
+            pod("p3", "foreign", None),
+            pod("p4", "bound", Some("n1")),
+            pod("p5", "missing", None),
+        ];
+        let got = pending(&pods, &claims, &classes);
+        let keys: Vec<_> = got
+            .iter()
+            .map(|p| (p.key.as_str(), p.pod.as_str()))
+            .collect();
+        assert_eq!(keys, [("ns/mig", "ns/p1")]);
+        assert_eq!(
+            got[0].node_selector.get("zone").map(String::as_str),
+            Some("a")
+        );
+        assert_eq!(allocated(&claims).len(), 1);
+    }
 }

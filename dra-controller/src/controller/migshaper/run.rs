@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use gpu_dra_api::miglayout::{GpuLayout, MigLayout};
 use gpu_dra_api::names::MIG_LAYOUT_CONTROLLER_FIELD_MANAGER;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{DeviceClass, ResourceClaim, ResourceSlice};
 use kube::api::{ListParams, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -47,6 +47,7 @@ struct Objects {
     classes: Vec<DeviceClass>,
     claims: Vec<ResourceClaim>,
     pods: Vec<Pod>,
+    node_labels: BTreeMap<String, BTreeMap<String, String>>,
 }
 
 async fn load(client: &Client) -> Result<Objects> {
@@ -70,6 +71,14 @@ async fn load(client: &Client) -> Result<Objects> {
             .await?
             .items,
         pods: Api::<Pod>::all(client.clone()).list(&pending).await?.items,
+        // Names and labels only: node selectors are all the shaper checks.
+        node_labels: Api::<Node>::all(client.clone())
+            .list_metadata(&all)
+            .await?
+            .items
+            .into_iter()
+            .map(|n| (n.name_any(), n.metadata.labels.unwrap_or_default()))
+            .collect(),
     })
 }
 
@@ -88,6 +97,7 @@ pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
         classes: &objs.classes,
         allocated: &allocated,
         pending: demand::pending(&objs.pods, &objs.claims, &objs.classes),
+        node_labels: objs.node_labels.clone(),
         idle_since,
     };
     let decision = decide(state, &policy, Instant::now());

@@ -60,6 +60,7 @@ fn pending(name: &str, class: &str, cel: &str) -> PendingClaim {
         key: format!("default/{name}"),
         pod: format!("default/pod-{name}"),
         claim,
+        node_selector: BTreeMap::new(),
     }
 }
 
@@ -95,6 +96,7 @@ struct Pass {
     nodes: Vec<NodeState>,
     allocated: Vec<ResourceClaim>,
     pending: Vec<PendingClaim>,
+    node_labels: BTreeMap<String, BTreeMap<String, String>>,
     idle_since: BTreeMap<String, std::time::Instant>,
 }
 
@@ -104,6 +106,7 @@ impl Pass {
             nodes,
             allocated: Vec::new(),
             pending: Vec::new(),
+            node_labels: BTreeMap::new(),
             idle_since: BTreeMap::new(),
         }
     }
@@ -117,6 +120,7 @@ impl Pass {
                 classes: &classes,
                 allocated: &self.allocated,
                 pending: self.pending.clone(),
+                node_labels: self.node_labels.clone(),
                 idle_since: self.idle_since.clone(),
             },
             policy,
@@ -384,4 +388,22 @@ fn hold_down_durations_parse() {
     assert_eq!(parse_duration("5"), None);
     assert_eq!(parse_duration(""), None);
     assert_eq!(parse_duration("5x"), None);
+}
+
+#[test]
+fn a_pods_node_selector_keeps_the_carve_on_nodes_it_may_use() {
+    let mut pass = Pass::new(vec![node("n1", 1), node("n2", 1)]);
+    pass.node_labels = BTreeMap::from([
+        ("n1".into(), BTreeMap::from([("zone".into(), "a".into())])),
+        ("n2".into(), BTreeMap::from([("zone".into(), "b".into())])),
+    ]);
+    let mut claim = profile_claim("a", "3g.40gb");
+    claim.node_selector = BTreeMap::from([("zone".into(), "b".into())]);
+    pass.pending = vec![claim];
+    let d = pass.run(&policy(MigPolicy::BinPack), Instant::now());
+    assert_eq!(carves(&d)[0].0, "n2");
+    pass.pending[0].node_selector = BTreeMap::from([("zone".into(), "c".into())]);
+    let d = pass.run(&policy(MigPolicy::BinPack), Instant::now());
+    assert!(d.changes.is_empty());
+    assert_eq!(d.unmet[0].reason, UnmetReason::AllCandidatesBusy);
 }
