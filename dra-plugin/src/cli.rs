@@ -271,4 +271,20 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn on_demand_mig_defaults_off_and_refuses_dynamic_mig() {
+        use gpu_dra_api::gates::FeatureGates;
+        assert!(!run(&[]).unwrap().device.on_demand_mig);
+        let a = run(&["--on-demand-mig"]).unwrap().device;
+        assert!(a.on_demand_mig);
+        a.check_mig_mode(&FeatureGates::parse("").unwrap()).unwrap();
+        let e = a
+            .check_mig_mode(&FeatureGates::parse("DynamicMIG=true").unwrap())
+            .unwrap_err();
+        assert!(
+            e.contains("--on-demand-mig") && e.contains("DynamicMIG"),
+            "{e}"
+        );
+    }
 }

@@ -38,7 +38,7 @@ pub struct ClaimStatusLabels {
 
 /// A MIG device created or destroyed by on-demand MIG (see [`crate::miglayout`]).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct MigLayoutChangeLabels {
+pub struct MigDeviceOperationLabels {
     /// `create` or `destroy`.
     pub op: &'static str,
     /// `ok` or `error`.
@@ -68,7 +68,7 @@ pub struct Metrics {
     pub socket_errors: Family<SocketErrorLabels, Counter>,
     pub registration_refused: Counter,
     pub claim_status_writes: Family<ClaimStatusLabels, Counter>,
-    pub mig_layout_changes: Family<MigLayoutChangeLabels, Counter>,
+    pub mig_device_operations: Family<MigDeviceOperationLabels, Counter>,
     pub mig_layout_refusals: Family<MigLayoutRefusalLabels, Counter>,
 }
 
@@ -92,7 +92,7 @@ impl Metrics {
         let socket_errors = Family::<SocketErrorLabels, Counter>::default();
         let registration_refused = Counter::default();
         let claim_status_writes = Family::<ClaimStatusLabels, Counter>::default();
-        let mig_layout_changes = Family::<MigLayoutChangeLabels, Counter>::default();
+        let mig_device_operations = Family::<MigDeviceOperationLabels, Counter>::default();
         let mig_layout_refusals = Family::<MigLayoutRefusalLabels, Counter>::default();
         registry.register(
             "node_prepare_duration_seconds",
@@ -140,9 +140,9 @@ impl Metrics {
             claim_status_writes.clone(),
         );
         registry.register(
-            "mig_layout_changes",
+            "mig_device_operations",
             "MIG devices created or destroyed for this node's MigLayout, by outcome",
-            mig_layout_changes.clone(),
+            mig_device_operations.clone(),
         );
         registry.register(
             "mig_layout_refusals",
@@ -160,7 +160,7 @@ impl Metrics {
             socket_errors,
             registration_refused,
             claim_status_writes,
-            mig_layout_changes,
+            mig_device_operations,
             mig_layout_refusals,
         }
     }
@@ -241,6 +241,13 @@ mod tests {
         m.socket_error("registration", "protocol");
         m.registration_refused.inc();
         m.claim_status("apply", "retry");
+        let op = MigDeviceOperationLabels {
+            op: "create",
+            result: "ok",
+        };
+        m.mig_device_operations.get_or_create(&op).inc();
+        let refusal = MigLayoutRefusalLabels { reason: "InUse" };
+        m.mig_layout_refusals.get_or_create(&refusal).inc();
         let text = m.encode();
         for series in [
             "gpu_dra_node_prepare_duration_seconds_bucket",
@@ -250,6 +257,8 @@ mod tests {
             "gpu_dra_kubelet_socket_errors_total{socket=\"registration\",reason=\"protocol\"} 1",
             "gpu_dra_registration_refused_total 1",
             "gpu_dra_claim_status_writes_total{operation=\"apply\",result=\"retry\"} 1",
+            "gpu_dra_mig_device_operations_total{op=\"create\",result=\"ok\"} 1",
+            "gpu_dra_mig_layout_refusals_total{reason=\"InUse\"} 1",
         ] {
             assert!(text.contains(series), "{series} missing from\n{text}");
         }

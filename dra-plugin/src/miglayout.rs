@@ -24,7 +24,7 @@ use tokio::sync::watch;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use crate::Error;
-use crate::metrics::{Metrics, MigLayoutChangeLabels, MigLayoutRefusalLabels};
+use crate::metrics::{Metrics, MigDeviceOperationLabels, MigLayoutRefusalLabels};
 
 mod api;
 mod status;
@@ -250,8 +250,8 @@ impl Reconciler {
             _ => "error",
         };
         self.metrics
-            .mig_layout_changes
-            .get_or_create(&MigLayoutChangeLabels { op, result })
+            .mig_device_operations
+            .get_or_create(&MigDeviceOperationLabels { op, result })
             .inc();
     }
 
