@@ -41,7 +41,8 @@ impl GpuChange {
 /// Why a GPU's wanted layout is not applied. `reason` is a fixed word (conditions, metrics).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Refusal {
-    /// `Invalid` (the wish cannot exist on this GPU) or `InUse` (a claim holds what must go).
+    /// `Invalid` (the wish cannot exist on this GPU), `InUse` (a claim holds what must go) or
+    /// `Failed` (the hardware did not do or is not in what was asked).
     pub reason: &'static str,
     pub message: String,
 }
@@ -115,6 +116,17 @@ pub fn plan_gpu(
 ) -> Result<GpuChange, Refusal> {
     let existing: &[MigDevice] = gpu.mig.as_ref().map_or(&[], |m| &m.devices);
     if wanted.is_empty() && existing.is_empty() {
+        // Nothing to destroy, yet the GPU is published whole only once MIG mode is off.
+        if gpu.mig_enabled() {
+            return Err(Refusal {
+                reason: "Failed",
+                message: format!(
+                    "gpu-{} is in MIG mode without MIG devices, so it is not published whole \
+                     (MIG mode could not be left; a GPU reset may be pending)",
+                    gpu.minor
+                ),
+            });
+        }
         return Ok(GpuChange {
             minor: gpu.minor,
             ..Default::default()

@@ -90,6 +90,17 @@ fn back_to_whole_destroys_every_instance_unless_one_is_held() {
 }
 
 #[test]
+fn a_gpu_stuck_in_mig_mode_without_devices_is_reported() {
+    let mut gpu = h100(None);
+    gpu.mig.as_mut().unwrap().enabled = true;
+    let r = plan_gpu(&gpu, &[], &held(&[])).unwrap_err();
+    assert_eq!(r.reason, "Failed");
+    assert!(r.message.contains("MIG mode"), "{}", r.message);
+    let c = plan_gpu(&gpu, &want(&[("7g.80gb", 0)]), &held(&[])).unwrap();
+    assert_eq!(c.create.len(), 1, "carving it is fine");
+}
+
+#[test]
 fn a_held_whole_gpu_is_not_carved() {
     let r = plan_gpu(&h100(None), &want(&[("3g.40gb", 0)]), &held(&["gpu-0"])).unwrap_err();
     assert_eq!(r.reason, "InUse");
