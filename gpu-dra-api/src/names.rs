@@ -117,6 +117,13 @@ pub const POD_CLAIM_NAME_ANNOTATION: &str = "resource.kubernetes.io/pod-claim-na
 /// The condition the plugin sets on each of its `status.devices` entries once prepared.
 pub const DEVICE_READY_CONDITION: &str = "Ready";
 
+// On-demand MIG.
+
+/// The plugin's field manager on its node's MigLayout (creation and `status`).
+pub const MIG_LAYOUT_PLUGIN_FIELD_MANAGER: &str = "gpu.nvidia.com/dra-plugin-miglayout";
+/// The controller's field manager on `MigLayout.spec` (on-demand MIG shaper).
+pub const MIG_LAYOUT_CONTROLLER_FIELD_MANAGER: &str = "gpu-dra-controller/mig-shaper";
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,10 +159,3 @@ mod tests {
         }
     }
 }
-
-// On-demand MIG.
-
-/// The plugin's field manager on its node's MigLayout (creation and `status`).
-pub const MIG_LAYOUT_PLUGIN_FIELD_MANAGER: &str = "gpu.nvidia.com/dra-plugin-miglayout";
-/// The controller's field manager on `MigLayout.spec` (on-demand MIG shaper).
-pub const MIG_LAYOUT_CONTROLLER_FIELD_MANAGER: &str = "gpu-dra-controller/mig-shaper";
