@@ -18,7 +18,34 @@ use kube::api::{
 use serde_json::json;
 use tokio::process::{Child, Command};
 
-const TEMPLATE: &str = r#"
+const TEMPLATES: &str = r#"
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: whole
+spec:
+  spec:
+    devices:
+      requests:
+      - name: gpu
+        exactly:
+          deviceClassName: gpu.nvidia.com
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata:
+  name: mig-1g
+spec:
+  spec:
+    devices:
+      requests:
+      - name: mig
+        exactly:
+          deviceClassName: mig.nvidia.com
+          selectors:
+          - cel:
+              expression: "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"
+---
 apiVersion: resource.k8s.io/v1
 kind: ResourceClaimTemplate
 metadata:
@@ -158,65 +185,26 @@ async fn reported_gpus(env: &Env, node: &str) -> Result<usize> {
     )
 }
 
-#[tokio::test]
-async fn odc1_carve_for_pending_pod_then_merge() -> Result<()> {
-    let mut env = env_or_skip!("odc1_carve_for_pending_pod_then_merge");
-    apply_crds(&env).await?;
-    let node = "odc1-h100";
-    env.add_node(node, &["--profile", "h100-80gb:2", "--on-demand-mig"])
+/// A node with `gpus` H100s on `--on-demand-mig`, reported in its MigLayout; the GPUCluster with
+/// a 5 s hold-down; the controller started; the claim templates created.
+async fn setup(env: &mut Env, node: &str, gpus: usize) -> Result<Child> {
+    apply_crds(env).await?;
+    let profile = format!("h100-80gb:{gpus}");
+    env.add_node(node, &["--profile", &profile, "--on-demand-mig"])
         .await?;
-    wait_devices(&env, node, &["gpu-0", "gpu-1"], &[]).await?;
     wait_until("the plugin reports its GPUs", WAIT, || async {
-        Ok((reported_gpus(&env, node).await? == 2).then_some(()))
+        Ok((reported_gpus(env, node).await? == gpus).then_some(()))
     })
     .await?;
-    apply_gpucluster(&env, "5s").await?;
-    let mut controller = start_controller(&env)?;
+    apply_gpucluster(env, "5s").await?;
+    env.create_from_yaml(TEMPLATES).await?;
+    start_controller(env)
+}
 
-    // Nothing publishes a 3g.40gb: the pod waits until the controller has one carved.
-    env.create_from_yaml(TEMPLATE).await?;
-    let claim = [PodClaim {
-        name: "mig",
-        template: "mig-3g",
-    }];
-    env.create_pod(&env.pod_manifest("odc1-pod", Some(node), &claim, None)?)
-        .await?;
-    env.wait_running("odc1-pod").await?;
-    let c = env.pod_claim("odc1-pod", "mig").await?;
-    let got: Vec<String> = allocation_results(&c)
-        .into_iter()
-        .map(|r| r.device)
-        .collect();
-    ensure!(
-        got.len() == 1 && got[0].starts_with("gpu-0-mig-3g40gb-9-"),
-        "odc1-pod got {got:?}, want a 3g.40gb on gpu-0 (BinPack, lowest GPU first)"
-    );
-    let wanted = spec_devices(&env, node).await?;
-    ensure!(
-        wanted.len() == 1 && wanted[0].starts_with("3g.40gb@"),
-        "spec: {wanted:?}"
-    );
-    wait_until("a MigDeviceWanted Event on the MigLayout", WAIT, || async {
-        let events: Api<Event> = Api::all(env.client.clone());
-        let lp = ListParams::default().fields(&format!(
-            "involvedObject.kind=MigLayout,involvedObject.name={node},reason=MigDeviceWanted"
-        ));
-        Ok(events.list(&lp).await?.items.first().cloned())
-    })
-    .await?;
+/// Deletes the GPUCluster while the controller still runs (its finalizer needs it), stops the
+/// controller, and tears the scenario down.
+async fn finish(env: Env, mut controller: Child, node: &str) -> Result<()> {
     ensure!(controller.try_wait()?.is_none(), "dra-controller exited");
-
-    // With the pod gone, the device idles through the hold-down and gpu-0 is whole again.
-    env.delete_pod("odc1-pod").await?;
-    env.wait_pod_gone("odc1-pod").await?;
-    wait_devices(&env, node, &["gpu-0", "gpu-1"], &[&got[0]]).await?;
-    ensure!(
-        spec_devices(&env, node).await?.is_empty(),
-        "spec still carved"
-    );
-    ensure!(controller.try_wait()?.is_none(), "dra-controller exited");
-
-    // The GPUCluster's finalizer needs the controller: delete it first, then stop the controller.
     gpuclusters(&env)
         .delete("gpu-cluster", &DeleteParams::default())
         .await?;
@@ -232,4 +220,123 @@ async fn odc1_carve_for_pending_pod_then_merge() -> Result<()> {
     layouts(&env).delete(node, &Default::default()).await?;
     env.check_violations()?;
     env.teardown().await
+}
+
+/// The devices a running pod's claim `name` holds.
+async fn devices_of(env: &Env, pod: &str, claim: &str) -> Result<Vec<String>> {
+    let c = env.pod_claim(pod, claim).await?;
+    Ok(allocation_results(&c)
+        .into_iter()
+        .map(|r| r.device)
+        .collect())
+}
+
+#[tokio::test]
+async fn odc1_carve_for_pending_pod_then_merge() -> Result<()> {
+    let mut env = env_or_skip!("odc1_carve_for_pending_pod_then_merge");
+    let node = "odc1-h100";
+    let controller = setup(&mut env, node, 2).await?;
+
+    // Nothing publishes a 3g.40gb: the pod waits until the controller has one carved.
+    let claim = [PodClaim {
+        name: "mig",
+        template: "mig-3g",
+    }];
+    env.create_pod(&env.pod_manifest("odc1-pod", Some(node), &claim, None)?)
+        .await?;
+    env.wait_running("odc1-pod").await?;
+    let got = devices_of(&env, "odc1-pod", "mig").await?;
+    ensure!(
+        got.len() == 1 && got[0].starts_with("gpu-1-mig-3g40gb-9-"),
+        "odc1-pod got {got:?}, want a 3g.40gb on gpu-1 (carves start from the highest minor)"
+    );
+    let wanted = spec_devices(&env, node).await?;
+    ensure!(
+        wanted.len() == 1 && wanted[0].starts_with("3g.40gb@"),
+        "spec: {wanted:?}"
+    );
+    wait_until("a MigDeviceWanted Event on the MigLayout", WAIT, || async {
+        let events: Api<Event> = Api::all(env.client.clone());
+        let lp = ListParams::default().fields(&format!(
+            "involvedObject.kind=MigLayout,involvedObject.name={node},reason=MigDeviceWanted"
+        ));
+        Ok(events.list(&lp).await?.items.first().cloned())
+    })
+    .await?;
+
+    // With the pod gone, the device idles through the hold-down and gpu-1 is whole again.
+    env.delete_pod("odc1-pod").await?;
+    env.wait_pod_gone("odc1-pod").await?;
+    wait_devices(&env, node, &["gpu-0", "gpu-1"], &[&got[0]]).await?;
+    ensure!(
+        spec_devices(&env, node).await?.is_empty(),
+        "spec still carved"
+    );
+    finish(env, controller, node).await
+}
+
+/// A burst of whole-GPU, 3g.40gb and 1g.10gb pods, with the controller killed and restarted as
+/// soon as its first spec is written: every pod runs, no two hold one device, the first pods
+/// keep their devices while the rest arrive, and all GPUs end whole once the pods are gone.
+#[tokio::test]
+async fn odc2_mixed_burst_survives_controller_restart() -> Result<()> {
+    let mut env = env_or_skip!("odc2_mixed_burst_survives_controller_restart");
+    let node = "odc2-h100";
+    let mut controller = setup(&mut env, node, 3).await?;
+    let pods = [
+        ("odc2-whole", "gpu", "whole"),
+        ("odc2-3g-a", "mig", "mig-3g"),
+        ("odc2-3g-b", "mig", "mig-3g"),
+        ("odc2-1g-a", "mig", "mig-1g"),
+        ("odc2-1g-b", "mig", "mig-1g"),
+    ];
+    for (pod, name, template) in pods {
+        let claim = [PodClaim { name, template }];
+        env.create_pod(&env.pod_manifest(pod, Some(node), &claim, None)?)
+            .await?;
+    }
+    wait_until("a first MigLayout spec", WAIT, || async {
+        Ok((!spec_devices(&env, node).await?.is_empty()).then_some(()))
+    })
+    .await?;
+    controller.kill().await?;
+    controller = start_controller(&env)?;
+
+    let mut held = Vec::new();
+    for (pod, name, _) in pods {
+        env.wait_running(pod).await?;
+        held.push((pod, devices_of(&env, pod, name).await?));
+    }
+    let mut all: Vec<&String> = held.iter().flat_map(|(_, d)| d).collect();
+    all.sort();
+    let n = all.len();
+    all.dedup();
+    ensure!(n == pods.len() && all.len() == n, "devices: {held:?}");
+    ensure!(
+        held[0].1.len() == 1 && !held[0].1[0].contains("-mig-"),
+        "the whole-GPU pod got {:?}",
+        held[0].1
+    );
+    for (pod, devices) in &held {
+        ensure!(
+            devices_of(&env, pod, pods.iter().find(|p| p.0 == *pod).unwrap().1).await? == *devices,
+            "{pod} changed devices"
+        );
+    }
+    for (pod, _, _) in pods {
+        env.delete_pod(pod).await?;
+    }
+    for (pod, _, _) in pods {
+        env.wait_pod_gone(pod).await?;
+    }
+    wait_until("every GPU whole again", WAIT, || async {
+        let d = env.devices(node).await?;
+        let whole = ["gpu-0", "gpu-1", "gpu-2"]
+            .iter()
+            .all(|g| d.contains_key(*g));
+        let none = !d.keys().any(|k| k.contains("-mig-"));
+        Ok((whole && none && spec_devices(&env, node).await?.is_empty()).then_some(()))
+    })
+    .await?;
+    finish(env, controller, node).await
 }

@@ -108,6 +108,7 @@ pub fn decide(state: State<'_>, policy: &Policy, now: Instant) -> Decision {
         changes: Vec::new(),
     };
     w.restore_allocated();
+    w.restore_whole();
     let mut pending = state.pending;
     pending.sort_by(|a, b| a.key.cmp(&b.key));
     let unmet = pending
@@ -189,6 +190,22 @@ impl Work<'_> {
             placement: p,
             claim: None,
         });
+    }
+
+    /// Gives up a carve on a GPU that the scheduler allocated whole before the plugin got to it
+    /// (the plugin refuses it): the GPU stays whole and its pending claims are planned again.
+    fn restore_whole(&mut self) {
+        for n in 0..self.nodes.len() {
+            for g in 0..self.nodes[n].gpus.len() {
+                let node = &self.nodes[n];
+                let gpu = &node.gpus[g];
+                let carved = gpu.wanted.as_ref().is_some_and(|w| !w.is_empty());
+                if carved && self.in_use(&node.name, &gpu_device_name(gpu.minor)) {
+                    self.set_layout(n, g, Vec::new());
+                    self.record(n, g, ChangeKind::Restore, None);
+                }
+            }
+        }
     }
 
     /// Puts back any allocated MIG device that exists but that a managed GPU's spec no longer
@@ -372,7 +389,9 @@ impl Work<'_> {
                 (h.profile.memory_slices, h.profile.compute_slices),
                 self.rank(h.node, h.gpu, policy),
                 self.nodes[h.node].name.clone(),
-                self.nodes[h.node].gpus[h.gpu].minor,
+                // The scheduler takes whole GPUs lowest device first; carving from the other end
+                // keeps a carve and a whole-GPU pod from reaching for the same GPU.
+                std::cmp::Reverse(self.nodes[h.node].gpus[h.gpu].minor),
                 h.start,
             )
         });

@@ -64,7 +64,8 @@ impl Work<'_> {
                 continue;
             };
             let rank = self.rank(n, g, MigPolicy::BinPack);
-            if best.is_none_or(|(r, _, _)| rank < r) {
+            // Ties go to the highest minor, as carves for claims do.
+            if best.is_none_or(|(r, _, _)| rank <= r) {
                 best = Some((rank, g, start));
             }
         }

@@ -206,6 +206,10 @@ pub fn describe(c: &Change) -> String {
                 .map(|k| format!(" for claim {k}"))
                 .unwrap_or_default()
         ),
+        (super::ChangeKind::Restore, None) => format!(
+            "GPU {}: allocated whole before it was carved; it stays whole",
+            c.gpu
+        ),
         (kind, None) => format!("GPU {}: {}", c.gpu, kind.as_str()),
     }
 }

@@ -178,7 +178,7 @@ fn a_3g_claim_on_a_free_node_carves_one_device() {
     let d = pass.run(&policy(MigPolicy::BinPack), Instant::now());
     assert_eq!(
         carves(&d),
-        vec![("n1".into(), "GPU-n1-0".into(), mig("3g.40gb", 0))]
+        vec![("n1".into(), "GPU-n1-7".into(), mig("3g.40gb", 0))]
     );
     assert!(d.unmet.is_empty());
     let spec = &d.layouts["n1"];
@@ -207,13 +207,13 @@ fn binpack_puts_the_second_3g_on_the_same_gpu_and_spread_on_another() {
     assert_eq!(
         gpus,
         vec![
-            ("GPU-n1-0".into(), mig("3g.40gb", 0)),
-            ("GPU-n1-0".into(), mig("3g.40gb", 4))
+            ("GPU-n1-7".into(), mig("3g.40gb", 0)),
+            ("GPU-n1-7".into(), mig("3g.40gb", 4))
         ]
     );
     let spread = pass.run(&policy(MigPolicy::Spread), Instant::now());
     let gpus: Vec<_> = carves(&spread).into_iter().map(|c| c.1).collect();
-    assert_eq!(gpus, vec!["GPU-n1-0".to_string(), "GPU-n1-1".to_string()]);
+    assert_eq!(gpus, vec!["GPU-n1-7".to_string(), "GPU-n1-6".to_string()]);
 }
 
 #[test]
@@ -234,10 +234,29 @@ fn spread_prefers_the_emptier_node_and_binpack_the_busier() {
 #[test]
 fn a_whole_gpu_allocated_is_never_carved() {
     let mut pass = Pass::new(vec![node("n1", 2)]);
-    pass.allocated = vec![allocated("x", "n1", "gpu-0")];
+    pass.allocated = vec![allocated("x", "n1", "gpu-1")];
     pass.pending = vec![profile_claim("a", "3g.40gb")];
     let d = pass.run(&policy(MigPolicy::BinPack), Instant::now());
-    assert_eq!(carves(&d)[0].1, "GPU-n1-1");
+    assert_eq!(carves(&d)[0].1, "GPU-n1-0");
+}
+
+#[test]
+fn a_gpu_allocated_whole_before_its_carve_stays_whole_and_the_claim_moves() {
+    let mut n = node("n1", 2);
+    n.gpus[1].wanted = Some(vec![mig("3g.40gb", 0)]);
+    let mut pass = Pass::new(vec![n]);
+    pass.allocated = vec![allocated("x", "n1", "gpu-1")];
+    pass.pending = vec![profile_claim("a", "3g.40gb")];
+    let d = pass.run(&policy(MigPolicy::BinPack), Instant::now());
+    let kinds: Vec<_> = d.changes.iter().map(|c| (c.kind, c.gpu.as_str())).collect();
+    assert_eq!(
+        kinds,
+        [
+            (ChangeKind::Restore, "GPU-n1-1"),
+            (ChangeKind::Carve, "GPU-n1-0")
+        ]
+    );
+    assert_eq!(d.layouts["n1"][1].devices, vec![]);
 }
 
 #[test]
@@ -371,8 +390,8 @@ fn pre_carve_keeps_idle_devices_and_spares_them_from_hold_down() {
     assert_eq!(
         pre,
         vec![
-            ("GPU-n1-0", mig("1g.10gb", 0)),
-            ("GPU-n1-0", mig("1g.10gb", 1))
+            ("GPU-n1-1", mig("1g.10gb", 0)),
+            ("GPU-n1-1", mig("1g.10gb", 1))
         ]
     );
     pass.apply(&d);
