@@ -187,20 +187,26 @@ impl DeviceState {
     }
 
     /// Takes the MIG devices of each GPU from `live` (a fresh discovery), keeping everything else
-    /// found at start (PCI facts): what on-demand MIG does after changing the hardware.
-    pub fn refresh_mig(&self, live: &Inventory) {
+    /// found at start (PCI facts): what on-demand MIG does after changing the hardware. Returns
+    /// whether any GPU's MIG state differed.
+    pub fn refresh_mig(&self, live: &Inventory) -> bool {
         let mut gpus = self.gpus.write().expect("gpus lock");
+        let mut changed = false;
         let refreshed: Vec<Arc<Gpu>> = gpus
             .iter()
             .map(|g| match live.gpus.iter().find(|l| l.uuid == g.uuid) {
-                Some(l) if l.mig != g.mig => Arc::new(Gpu {
-                    mig: l.mig.clone(),
-                    ..Gpu::clone(g)
-                }),
+                Some(l) if l.mig != g.mig => {
+                    changed = true;
+                    Arc::new(Gpu {
+                        mig: l.mig.clone(),
+                        ..Gpu::clone(g)
+                    })
+                }
                 _ => g.clone(),
             })
             .collect();
         *gpus = Arc::new(refreshed);
+        changed
     }
 
     /// Serializes work on one claim; different claims proceed in parallel.

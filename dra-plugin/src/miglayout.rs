@@ -136,7 +136,10 @@ impl Reconciler {
         let span = info_span!("miglayout_reconcile", node = %self.node, generation);
         async {
             let live = self.discover().await?;
-            self.state.refresh_mig(&live);
+            // MIG devices changed behind the plugin's back (or by a run that crashed): publish them.
+            if self.state.refresh_mig(&live) {
+                (self.republish)();
+            }
             let mut outcomes: BTreeMap<String, GpuOutcome> = BTreeMap::new();
             for want in &layout.spec.gpus {
                 let outcome = match live.gpus.iter().find(|g| g.uuid == want.uuid) {
@@ -192,7 +195,9 @@ impl Reconciler {
             let result = self.change_hardware(&change).await;
             // Whatever happened, publish what the hardware has now.
             match self.discover().await {
-                Ok(live) => self.state.refresh_mig(&live),
+                Ok(live) => {
+                    self.state.refresh_mig(&live);
+                }
                 Err(e) => warn!(error = %e, "rediscovery after a MIG change failed"),
             }
             self.withheld.remove(&change.withdrawn);

@@ -501,7 +501,11 @@ async fn refreshed_mig_devices_can_be_prepared_and_a_carved_gpu_cannot() {
     let name = "gpu-0-mig-3g40gb-9-4";
     let e = f.state.prepare(&claim("u1", &[("mig", name)])).await;
     assert!(e.is_err(), "unknown before the refresh");
-    f.state.refresh_mig(&f.backend.discover().unwrap());
+    assert!(f.state.refresh_mig(&f.backend.discover().unwrap()));
+    assert!(
+        !f.state.refresh_mig(&f.backend.discover().unwrap()),
+        "nothing new"
+    );
     let devices = f
         .state
         .prepare(&claim("u1", &[("mig", name)]))
