@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export GOTOOLCHAIN := local
 FILTER ?=
 
-.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-scheduler bench-controller slices build clean-e2e nvidia-manifests
+.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-scheduler bench-mig-latency bench-controller slices build clean-e2e nvidia-manifests
 
 ## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
 ## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
@@ -51,10 +51,19 @@ bench-peers:
 	set -o pipefail; bash e2e/bench/peers.sh | python3 tools/perf-table.py docs/perf.md
 
 ## The real kube-scheduler 1.37.2 placing pods with claims on Nodes carrying our slices (whole GPU,
-## static MIG, dynamic MIG); no kubelets. SCHED_NODES="100 1000" adds 1,000 nodes; method in
-## docs/scheduler-bench.md.
+## static MIG, dynamic MIG, on-demand MIG with the real plugins and controller); no kubelets.
+## SCHED_NODES="100 1000" adds 1,000 nodes; method in docs/scheduler-bench.md.
 bench-scheduler:
 	set -o pipefail; bash e2e/bench/scheduler.sh | python3 tools/perf-table.py docs/perf.md
+
+## Pod creation -> Running when a 3g.40gb must be created: on-demand MIG beside publish every
+## placement, through stock kubelets (e2e/tests/bench_mig_latency.rs, release plugin and controller).
+bench-mig-latency:
+	nice cargo build --release -q -p dra-plugin -p dra-controller
+	set -o pipefail; T="$${CARGO_TARGET_DIR:-$(CURDIR)/target}/release"; \
+	  E2E_BENCH_MIG_LATENCY=1 E2E_TEST_TARGETS="--test bench_mig_latency" \
+	  E2E_PLUGIN_BIN="$$T/dra-plugin" E2E_CONTROLLER_BIN="$$T/dra-controller" \
+	  bash e2e/run.sh bench_mig_latency | python3 tools/perf-table.py docs/perf.md
 
 ## dra-controller at 1,000 API-only Nodes (500 in the migration pool) and 100 ComputeDomains: RSS,
 ## GPUCluster create/change -> reconciled, API requests per minute when idle; method in

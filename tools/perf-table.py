@@ -5,7 +5,8 @@ Reads a bench's output on stdin, echoes it, and takes every line of the form
 `perf|figure|goal|value` as a row of the first table, and every `peer|figure|ours|theirs|ratio|goal`
 as a row of the second (ours beside the peer plugins), and every
 `sched|figure|whole GPU|static MIG|dynamic MIG|ratio` as a row of the third (what our slices cost
-kube-scheduler): the row of the same figure in its table is replaced (others are kept), with this
+kube-scheduler), and every `odm|figure|whole GPU|dynamic MIG|on-demand MIG|ratio|goal` as a row of
+the fourth (on-demand MIG beside them): the row of the same figure in its table is replaced (others are kept), with this
 machine and today's date beside it.
 
     cargo bench -p dra-plugin --bench prepare | python3 tools/perf-table.py docs/perf.md
@@ -49,8 +50,22 @@ placement and its pods alternate 1g.10gb and whole-GPU claims. Ratio is dynamic 
 |---|---|---|---|---|---|---|
 """
 SCHED_HEADING = "## What our slices cost the scheduler"
+ODM_HEADER = """
+## On-demand MIG beside whole GPUs
+
+Written by `make bench-scheduler` with shape `ondemand` (method in
+[scheduler-bench.md](scheduler-bench.md)), in the same run as the table above: whole-GPU and
+dynamic-MIG columns are the same measurements. On-demand MIG runs the real `dra-plugin run
+--on-demand-mig` per node (no kubelet) and `dra-controller`; its pods alternate 1g.10gb and whole-GPU
+claims, and every 1g.10gb must be carved first, so created -> bound includes the MIG shaper and the
+plugins. Ratio is on-demand ÷ whole GPU; the goal (issue 32) is scheduler CPU per pod within 2×.
+
+| figure | whole GPU | dynamic MIG | on-demand MIG | ratio on-demand/whole | goal | machine | date |
+|---|---|---|---|---|---|---|---|
+"""
+ODM_HEADING = "## On-demand MIG beside whole GPUs"
 # Input lines: prefix -> (table, number of fields after the prefix).
-KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5), "sched|": ("sched", 5)}
+KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5), "sched|": ("sched", 5), "odm|": ("odm", 6)}
 
 
 def machine():
@@ -74,7 +89,7 @@ def machine():
 
 def read_rows(path):
     """The rows of every table, by figure: each table is the one after its heading."""
-    rows = {"main": {}, "peer": {}, "sched": {}}
+    rows = {"main": {}, "peer": {}, "sched": {}, "odm": {}}
     if not os.path.exists(path):
         return rows
     table = "main"
@@ -85,6 +100,8 @@ def read_rows(path):
                 table = "peer"
             if line == SCHED_HEADING:
                 table = "sched"
+            if line == ODM_HEADING:
+                table = "odm"
             if not (line.startswith("| ") and line.endswith(" |")):
                 continue
             cells = tuple(c.strip() for c in line[2:-2].split(" | "))
@@ -94,7 +111,7 @@ def read_rows(path):
 
 
 def parse(line, here, today):
-    """(table, row) for a `perf|`, `peer|` or `sched|` line of the right length, else None."""
+    """(table, row) for a `perf|`, `peer|`, `sched|` or `odm|` line of the right length, else None."""
     for prefix, (table, n) in KINDS.items():
         if line.startswith(prefix):
             parts = line.rstrip("\n").split("|")[1:]
@@ -115,6 +132,10 @@ def write(path, rows):
         if rows["sched"]:
             f.write(SCHED_HEADER)
             for row in rows["sched"].values():
+                f.write("| " + " | ".join(row) + " |\n")
+        if rows["odm"]:
+            f.write(ODM_HEADER)
+            for row in rows["odm"].values():
                 f.write("| " + " | ".join(row) + " |\n")
 
 

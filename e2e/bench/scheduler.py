@@ -4,12 +4,16 @@
 One shape on a fresh etcd + kube-apiserver + kube-scheduler with no kubelets:
 
     scheduler.py load   SLICES_JSON NODES DEVICECLASS_YAML...   Nodes (API only) and their slices
+                        (SLICES_JSON `-`: Nodes only; on-demand plugins publish their own)
+    scheduler.py ready  NODES GPUS                               waits for the on-demand plugins
     scheduler.py run    SHAPE PODS SCHEDULER_PID SCHEDULER_PORT  claims and pods, then figures
 
 `run` creates one ResourceClaim per pod (created up front, so only the scheduler is measured, not
 the resourceclaim controller), then the pods, and times first pod created -> every pod bound
 (spec.nodeName set). It prints `shape|<shape>|<key>|<value>` lines that scheduler.sh turns into
-`sched|...` rows. Environment: APISERVER_PORT, ADMIN_TOKEN, CLUSTER_DIR (from cluster.sh).
+`sched|...` rows. Environment: APISERVER_PORT, ADMIN_TOKEN, CLUSTER_DIR (from cluster.sh);
+SCHED_COST_PIDS (shape ondemand): `controller=PID plugins=PID,PID,...`, the processes whose CPU
+over the same window is this mode's price.
 """
 import copy
 import http.client
@@ -109,8 +113,8 @@ def load(slices_json, nodes, classes):
         api.req("POST", "/apis/resource.k8s.io/v1/deviceclasses", dc, ok=(201, 409))
     api.req("POST", "/api/v1/namespaces", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}},
             ok=(201, 409))
-    template = json.load(open(slices_json, encoding="utf-8"))["items"]
-    tmpl = template[0]["spec"]["pool"]["name"]
+    template = [] if slices_json == "-" else json.load(open(slices_json, encoding="utf-8"))["items"]
+    tmpl = template[0]["spec"]["pool"]["name"] if template else ""
     names = [f"node-{i:04d}" for i in range(nodes)]
     start = time.monotonic()
 
@@ -129,6 +133,9 @@ def load(slices_json, nodes, classes):
             api.req("POST", "/apis/resource.k8s.io/v1/resourceslices", s)
 
     parallel(names, create)
+    if not template:
+        print(f"  {nodes} nodes in {time.monotonic() - start:.1f}s", file=sys.stderr)
+        return
     # What the API server kept: a gate the server lacks drops fields (sharedCounters) silently.
     got = json.dumps(api.req("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3D"
                              + names[0])["items"])
@@ -142,6 +149,40 @@ def load(slices_json, nodes, classes):
     devices = sum(len(s["spec"].get("devices", [])) for s in template)
     print(f"  {nodes} nodes, {nodes * len(template)} slices ({devices} devices/node) in "
           f"{time.monotonic() - start:.1f}s", file=sys.stderr)
+
+
+def ready(nodes, gpus):
+    """Waits until every on-demand plugin publishes its `gpus` whole GPUs and reports them in its
+    MigLayout: before that the shaper has nothing to carve on and the scheduler nothing to place."""
+    api = Api()
+    start, deadline = time.monotonic(), time.monotonic() + 600
+    while True:
+        per_node = {}
+        for s in api.req("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]:
+            n = s["spec"].get("nodeName")
+            per_node[n] = per_node.get(n, 0) + len(s["spec"].get("devices", []))
+        published = sum(1 for v in per_node.values() if v >= gpus)
+        layouts = api.req("GET", "/apis/nvidia.com/v1alpha1/miglayouts")["items"]
+        reported = sum(1 for m in layouts if len((m.get("status") or {}).get("gpus") or []) == gpus)
+        if published >= nodes and reported >= nodes:
+            break
+        if time.monotonic() > deadline:
+            sys.exit(f"on-demand plugins: {published}/{nodes} publishing, {reported}/{nodes} MigLayouts reported")
+        time.sleep(1)
+    print(f"  {nodes} plugins publishing and reporting in {time.monotonic() - start:.1f}s", file=sys.stderr)
+
+
+def cost_pids():
+    """{role: [pid]} from SCHED_COST_PIDS."""
+    out = {}
+    for part in os.environ.get("SCHED_COST_PIDS", "").split():
+        role, pids = part.split("=", 1)
+        out[role] = [int(p) for p in pids.split(",") if p]
+    return out
+
+
+def cpu_of(pids):
+    return sum(proc(p)[0] for p in pids)
 
 
 def claim(name, kind):
@@ -204,12 +245,18 @@ def hist_sums(text, name, want):
 def run(shape, pods, sched_pid, sched_port):
     api = Api()
     names = [f"p-{i:05d}" for i in range(pods)]
-    kinds = {n: ("gpu" if shape == "whole" or (shape == "dynamic" and i % 2) else "mig")
+    kinds = {n: ("gpu" if shape == "whole" or (shape in ("dynamic", "ondemand") and i % 2) else "mig")
              for i, n in enumerate(names)}
     parallel(names, lambda a, n: a.req("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
                                         claim(n, kinds[n])))
     m0 = metrics(sched_port)
     cpu0, _, _ = proc(sched_pid)
+    costs = cost_pids()
+    cost0 = {role: cpu_of(pids) for role, pids in costs.items()}
+    if shape == "ondemand":  # what a node publishes before any carve
+        s0 = api.req("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-0000")
+        print(f"shape|{shape}|slices_per_node|{len(s0['items'])}")
+        print(f"shape|{shape}|devices_per_node|{sum(len(s['spec'].get('devices', [])) for s in s0['items'])}")
     t0 = time.monotonic()
     created = {}
 
@@ -227,6 +274,7 @@ def run(shape, pods, sched_pid, sched_port):
         time.sleep(0.05)
     t1 = time.monotonic()
     cpu1, rss, hwm = proc(sched_pid)
+    cost1 = {role: cpu_of(pids) for role, pids in costs.items()}
     m1 = metrics(sched_port)
     created_s = max(created.values()) - t0 if created else 0
     if bound < pods:
@@ -236,6 +284,12 @@ def run(shape, pods, sched_pid, sched_port):
     unalloc = [c["metadata"]["name"] for c in claims if not c.get("status", {}).get("allocation")]
     if unalloc:
         sys.exit(f"{shape}: {len(unalloc)} claims bound pods but no allocation, e.g. {unalloc[:3]}")
+    # The MIG claims got MIG devices (on-demand: ones carved for them), the others whole GPUs.
+    wrong = [c["metadata"]["name"] for c in claims
+             if any(("-mig-" in r["device"]) != (kinds[c["metadata"]["name"]] == "mig")
+                    for r in c["status"]["allocation"]["devices"]["results"])]
+    if wrong:
+        sys.exit(f"{shape}: {len(wrong)} claims got the wrong kind of device, e.g. {wrong[:3]}")
     wall = t1 - t0
     emit = lambda k, v: print(f"shape|{shape}|{k}|{v}")  # noqa: E731
     emit("pods", pods)
@@ -246,6 +300,12 @@ def run(shape, pods, sched_pid, sched_port):
     emit("cpu_ms_per_pod", f"{(cpu1 - cpu0) * 1000 / pods:.1f}")
     emit("rss_mib", f"{rss:.0f}")
     emit("hwm_mib", f"{hwm:.0f}")
+    for role, pids in costs.items():
+        emit(f"{role}_cpu_ms_per_pod", f"{(cost1[role] - cost0[role]) * 1000 / pods:.1f}")
+        emit(f"{role}_count", len(pids))
+        hwms = [proc(p)[2] for p in pids]
+        emit(f"{role}_hwm_mib", f"{max(hwms):.0f}")
+        emit(f"{role}_rss_mib_total", f"{sum(proc(p)[1] for p in pids):.0f}")
     for name, label, keys in (
         ("scheduler_framework_extension_point_duration_seconds", "extension_point",
          ("PreFilter", "Filter", "PostFilter", "PreScore", "Score", "Reserve", "PreBind", "Bind")),
@@ -279,6 +339,8 @@ def only_plugin(text, plugin):
 if __name__ == "__main__":
     if sys.argv[1] == "load":
         load(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
+    elif sys.argv[1] == "ready":
+        ready(int(sys.argv[2]), int(sys.argv[3]))
     elif sys.argv[1] == "run":
         run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:

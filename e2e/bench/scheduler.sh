@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # `make bench-scheduler`: what our ResourceSlices cost the real kube-scheduler. For each shape (whole
-# GPU, static MIG all-1g.10gb, dynamic MIG) and node count, a fresh etcd + kube-apiserver +
+# GPU, static MIG all-1g.10gb, dynamic MIG, on-demand MIG) and node count, a fresh etcd + kube-apiserver +
 # kube-scheduler from e2e/controlplane (no kubelets, no controller manager), N Node objects with the
 # slices `dra-plugin slices --backend simulated` prints for them, then P pods each with its own
 # ResourceClaim; times first pod created -> all bound and reads the scheduler's /metrics and /proc.
+# Shape ondemand runs the real components instead of printed slices: one `dra-plugin run
+# --on-demand-mig` per node (no kubelet: it publishes and reconciles its MigLayout without one) and
+# `dra-controller run` with a GPUCluster that turns on-demand MIG on, so created -> bound includes
+# the controller writing MigLayouts and the plugins carving; their CPU is reported too.
 # Prints the `sched|...` rows tools/perf-table.py writes into docs/perf.md; method: docs/perf.md.
 #
 # Environment:
 #   SCHED_PLUGIN_BIN (or E2E_PLUGIN_BIN)  a prebuilt dra-plugin (default: cargo build --release)
-#   SCHED_NODES (100; e.g. "100 1000"), SCHED_PODS (200), SCHED_SHAPES (whole static dynamic)
+#   SCHED_CONTROLLER_BIN  a prebuilt dra-controller (default: cargo build --release)
+#   SCHED_NODES (100; e.g. "100 1000"), SCHED_PODS (200),
+#   SCHED_SHAPES (whole static dynamic ondemand)
 #   SCHED_PROFILE (h100-80gb:8)
 #   SCHED_WORK_ROOT  where the work dirs go (default /var/tmp)
 #   SCHED_KEEP_WORKDIR=1  keep them (component logs) after a passing run
@@ -20,7 +26,7 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 NODES_LIST="${SCHED_NODES:-100}"
 PODS="${SCHED_PODS:-200}"
-SHAPES="${SCHED_SHAPES:-whole static dynamic}"
+SHAPES="${SCHED_SHAPES:-whole static dynamic ondemand}"
 PROFILE="${SCHED_PROFILE:-h100-80gb:8}"
 
 echo "== binaries"
@@ -30,15 +36,29 @@ if [ -z "$PLUGIN_BIN" ]; then
   nice cargo build --release -q -p dra-plugin
   PLUGIN_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/dra-plugin"
 fi
+CONTROLLER_BIN="${SCHED_CONTROLLER_BIN:-}"
+if [ -z "$CONTROLLER_BIN" ] && [[ " $SHAPES " == *" ondemand "* ]]; then
+  nice cargo build --release -q -p dra-controller
+  CONTROLLER_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/dra-controller"
+fi
 
 # shellcheck source-path=SCRIPTDIR source=../controlplane/cluster.sh
 source "$ROOT/e2e/controlplane/cluster.sh"
 WORK="$(mktemp -d "${SCHED_WORK_ROOT:-/var/tmp}/gpu-dra-sched.XXXXXX")"
 SCHED_PID=""
+ONDEMAND_PIDS=() # the controller and the plugins of shape ondemand
+stop_ondemand() {
+  if [ "${#ONDEMAND_PIDS[@]}" -gt 0 ]; then
+    kill "${ONDEMAND_PIDS[@]}" 2>/dev/null || true
+    wait "${ONDEMAND_PIDS[@]}" 2>/dev/null || true
+  fi
+  ONDEMAND_PIDS=()
+}
 finish() {
   local rc=$?
   trap - EXIT INT TERM
   if [ -n "$SCHED_PID" ]; then kill "$SCHED_PID" 2>/dev/null || true; wait "$SCHED_PID" 2>/dev/null || true; fi
+  stop_ondemand
   cluster_stop
   if [ "$rc" = 0 ] && [ "${SCHED_KEEP_WORKDIR:-0}" != 1 ]; then rm -rf "$WORK"; else echo "work dir kept: $WORK"; fi
   exit "$rc"
@@ -51,8 +71,55 @@ shape_args() { # SHAPE -> dra-plugin slices flags
     whole) echo "" ;;
     static) echo "--mig-layout all-1g.10gb" ;;
     dynamic) echo "--feature-gates DynamicMIG=true" ;;
+    ondemand) echo "--on-demand-mig" ;;
     *) echo "unknown shape $1" >&2; return 1 ;;
   esac
+}
+
+# Shape ondemand: Nodes without slices, our CRDs, one plugin per node (kubelet sockets in temp dirs
+# that no kubelet reads), then the controller with a GPUCluster whose hold-down (1h) outlasts the
+# run, so nothing merges back while pods arrive. Waits until every plugin publishes its GPUs and
+# reports them in its MigLayout. ONDEMAND_PIDS: the controller first, then the plugins.
+start_ondemand() {
+  local dir="$1" nodes="$2" i name nd gpus
+  gpus="${PROFILE##*:}"
+  export KUBECONFIG="$dir/admin.kubeconfig"
+  kubectl apply --server-side -f deploy/crds/crds.yaml >/dev/null
+  kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
+  python3 e2e/bench/scheduler.py load - "$nodes" deviceclasses/*.yaml
+  kubectl create namespace gpu-dra-driver >/dev/null
+  "$CONTROLLER_BIN" run --namespace gpu-dra-driver --metrics-addr 127.0.0.1:0 --controllers gpucluster \
+    >"$dir/logs/controller.log" 2>&1 &
+  ONDEMAND_PIDS=("$!")
+  for ((i = 0; i < nodes; i++)); do
+    name=$(printf 'node-%04d' "$i")
+    nd="$dir/nodes/$name"
+    mkdir -p "$nd/registry" "$nd/plugin" "$nd/cdi"
+    RUST_LOG=warn "$PLUGIN_BIN" run --node-name "$name" --kubeconfig "$KUBECONFIG" \
+      --registrar-dir "$nd/registry" --plugin-dir "$nd/plugin" --cdi-root "$nd/cdi" \
+      --metrics-port 0 --healthcheck-port 0 --backend simulated --profile "$PROFILE" --on-demand-mig \
+      >"$nd/plugin.log" 2>&1 &
+    ONDEMAND_PIDS+=("$!")
+  done
+  kubectl apply --server-side -f - >/dev/null <<YAML
+apiVersion: nvidia.com/v1alpha1
+kind: GPUCluster
+metadata:
+  name: gpu-cluster
+spec:
+  draDriver:
+    gpus:
+      onDemandMig: {enabled: true, policy: BinPack, holdDown: 1h}
+    computeDomains: {enabled: false}
+  migrationPool:
+    nodeSelector: {matchLabels: {sched-bench-no-such-pool: "true"}}
+YAML
+  python3 e2e/bench/scheduler.py ready "$nodes" "$gpus"
+  local rss
+  rss=$(for p in "${ONDEMAND_PIDS[@]:1}"; do awk '/^VmRSS:/ {print $2}' "/proc/$p/status"; done |
+    awk '{s += $1} END {printf "%.0f MiB in all, %.1f MiB each", s / 1024, s / 1024 / NR}')
+  echo "  $nodes plugins running: RSS $rss"
+  unset KUBECONFIG
 }
 
 RESULTS="$WORK/results"
@@ -70,7 +137,11 @@ for nodes in $NODES_LIST; do
     # shellcheck disable=SC2154 # set by cluster_start through eval
     kill "$PID_kube_scheduler" "$PID_kube_controller_manager" 2>/dev/null || true
     wait "$PID_kube_scheduler" "$PID_kube_controller_manager" 2>/dev/null || true
-    python3 e2e/bench/scheduler.py load "$WORK/slices-$shape.json" "$nodes" deviceclasses/*.yaml
+    if [ "$shape" = ondemand ]; then
+      start_ondemand "$dir" "$nodes"
+    else
+      python3 e2e/bench/scheduler.py load "$WORK/slices-$shape.json" "$nodes" deviceclasses/*.yaml
+    fi
     port=$(free_port)
     while [ "$port" = "$ETCD_PORT" ] || [ "$port" = "$APISERVER_PORT" ]; do port=$(free_port); done
     "$BIN/kube-scheduler" --kubeconfig="$dir/admin.kubeconfig" --leader-elect=false \
@@ -81,8 +152,21 @@ for nodes in $NODES_LIST; do
     wait_for bench-scheduler "$SCHED_PID" 60 curl -skf "https://127.0.0.1:$port/readyz"
     # Let its informers fill (every slice listed) before the clock starts.
     sleep 3
-    python3 e2e/bench/scheduler.py run "$shape" "$PODS" "$SCHED_PID" "$port" | sed "s/^shape|/shape|$nodes|/" |
-      tee -a "$RESULTS"
+    cost=""
+    if [ "$shape" = ondemand ]; then
+      cost="controller=${ONDEMAND_PIDS[0]} plugins=$(IFS=,; echo "${ONDEMAND_PIDS[*]:1}")"
+    fi
+    SCHED_COST_PIDS="$cost" python3 e2e/bench/scheduler.py run "$shape" "$PODS" "$SCHED_PID" "$port" |
+      sed "s/^shape|/shape|$nodes|/" | tee -a "$RESULTS"
+    if [ "$shape" = ondemand ]; then
+      # Counted from the API before the pods (scheduler.py run): the slices file is not what ran.
+      kill "$SCHED_PID" 2>/dev/null || true
+      wait "$SCHED_PID" 2>/dev/null || true
+      SCHED_PID=""
+      stop_ondemand
+      cluster_stop
+      continue
+    fi
     slices=$(python3 -c 'import json,sys; print(len(json.load(open(sys.argv[1]))["items"]))' "$WORK/slices-$shape.json")
     devices=$(python3 -c 'import json,sys; print(sum(len(s["spec"].get("devices",[])) for s in json.load(open(sys.argv[1]))["items"]))' "$WORK/slices-$shape.json")
     echo "shape|$nodes|$shape|slices_per_node|$slices" >>"$RESULTS"
@@ -134,4 +218,33 @@ for nodes in sorted({k[0] for k in vals}, key=int):
         except (TypeError, ValueError, ZeroDivisionError):
             ratio = "—"
         print(f"sched|{label}, {nodes} nodes, {pods} pods|{'|'.join(cells)}|{ratio}")
+# On-demand MIG beside whole GPU and dynamic MIG (the odm table): the scheduler's figures as above,
+# then what the mode adds: the controller and all plugins over the same window.
+odm_rows = [r for r in rows if r[0] != "dra_Filter_ms"] + [
+    ("attempts_unschedulable", "scheduling attempts that found no device", "{}"),
+    ("controller_cpu_ms_per_pod", "dra-controller CPU per pod (MIG shaper)", "{} ms"),
+    ("controller_hwm_mib", "dra-controller peak RSS", "{} MiB"),
+    ("plugins_cpu_ms_per_pod", "dra-plugin CPU per pod, all nodes together", "{} ms"),
+    ("plugins_rss_mib_total", "dra-plugin RSS, all nodes together", "{} MiB"),
+]
+for nodes in sorted({k[0] for k in vals if k[1] == "ondemand"}, key=int):
+    for key, label, fmt in odm_rows:
+        cells = []
+        for shape in ("whole", "dynamic", "ondemand"):
+            v = vals.get((nodes, shape, key))
+            if key == "devices_per_node" and v is not None:
+                v = f"{v} / {vals.get((nodes, shape, 'slices_per_node'), '?')}"
+            elif v is not None:
+                v = fmt.format(v)
+            cells.append(v or "—")
+        w, o = vals.get((nodes, "whole", key)), vals.get((nodes, "ondemand", key))
+        try:
+            r = float(o) / float(w)
+            ratio = f"{r:.2f}"
+        except (TypeError, ValueError, ZeroDivisionError):
+            r, ratio = None, "—"
+        goal = "—"
+        if key == "cpu_ms_per_pod" and r is not None:
+            goal = "≤ 2×: met" if r <= 2 else f"≤ 2×: MISSED, {r / 2:.2f}× over"
+        print(f"odm|{label}, {nodes} nodes, {pods} pods|{'|'.join(cells)}|{ratio}|{goal}")
 EOF
