@@ -873,6 +873,7 @@ async fn c5_helm_chart_renders_and_passes_server_dry_run() -> Result<()> {
                 "ClusterRoleBinding/gpu-dra-controller",
                 "CustomResourceDefinition/computedomains.resource.nvidia.com",
                 "CustomResourceDefinition/gpuclusters.nvidia.com",
+                "CustomResourceDefinition/miglayouts.nvidia.com",
                 "Deployment/gpu-dra-controller",
                 "GPUCluster/gpu-cluster",
                 "Service/gpu-dra-controller-metrics",
