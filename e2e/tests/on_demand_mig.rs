@@ -130,6 +130,30 @@ fn drop_from_hardware(env: &Env, node: &str, gpu: &str, start: u64) -> Result<()
     Ok(())
 }
 
+/// SIGKILL; delete the node's MigLayout while the plugin is down, start it again and return the
+/// GPUs it reports in the MigLayout it creates (what its discovery finds).
+async fn restart_without_layout(
+    env: &mut Env,
+    node: &str,
+) -> Result<Vec<gpu_dra_api::miglayout::GpuLayoutStatus>> {
+    let before = env.registrations(node);
+    env.node_mut(node).plugin.kill9().await?;
+    layouts(env).delete(node, &Default::default()).await?;
+    wait_until("MigLayout deleted", WAIT, || async {
+        Ok(layouts(env).get_opt(node).await?.is_none().then_some(()))
+    })
+    .await?;
+    env.node_mut(node).plugin.restart()?;
+    env.wait_registered(node, before).await?;
+    let env = &*env;
+    wait_until("the restarted plugin reports its GPUs", WAIT, || async {
+        let l = layouts(env).get_opt(node).await?;
+        let gpus = l.and_then(|l| l.status).map(|s| s.gpus).unwrap_or_default();
+        Ok((gpus.len() == 2).then_some(gpus))
+    })
+    .await
+}
+
 /// SIGKILL and start again, as a crash and the DaemonSet's restart would.
 async fn restart_plugin(env: &mut Env, node: &str) -> Result<()> {
     let before = env.registrations(node);
@@ -199,6 +223,21 @@ async fn od1_layout_carves_serves_refuses_and_restores() -> Result<()> {
     .await?;
     wait_devices(&env, node, &[mig], &["gpu-0"]).await?;
 
+    // A restart while the pod runs loses nothing: the plugin, re-creating its MigLayout, reports
+    // the device from the (simulated) hardware, and destroying it is refused again.
+    let found = restart_without_layout(&mut env, node).await?;
+    let g0 = found.iter().find(|g| g.uuid == gpu0).context("gpu-0")?;
+    ensure!(g0.devices.len() == 1, "gpu-0 after the restart: {g0:?}");
+    let generation = set_spec(&env, node, &[(&gpu0, &[])]).await?;
+    let l = wait_applied(&env, node, generation, "False").await?;
+    let st = l.status.unwrap_or_default();
+    let g0 = st.gpus.iter().find(|g| g.uuid == gpu0).context("gpu-0")?;
+    ensure!(
+        g0.message.as_deref().is_some_and(|m| m.contains(mig)),
+        "{g0:?}"
+    );
+    wait_devices(&env, node, &[mig], &["gpu-0"]).await?;
+
     // Once the pod and its claim are gone, the plugin's retry returns gpu-0 to whole.
     env.delete_pod("od1-pod").await?;
     env.wait_pod_gone("od1-pod").await?;
@@ -233,23 +272,8 @@ async fn od1_layout_carves_serves_refuses_and_restores() -> Result<()> {
     let g1 = g1.iter().find(|g| g.uuid == gpu1).context("gpu-1")?;
     ensure!(g1.devices.len() == 2, "gpu-1 after the restart: {g1:?}");
 
-    // The (simulated) hardware outlives the plugin: with the MigLayout gone, a restarted plugin
-    // creates it again and reports the devices it finds, the ones made before.
-    let before = env.registrations(node);
-    env.node_mut(node).plugin.kill9().await?;
-    layouts(&env).delete(node, &Default::default()).await?;
-    wait_until("MigLayout deleted", WAIT, || async {
-        Ok(layouts(&env).get_opt(node).await?.is_none().then_some(()))
-    })
-    .await?;
-    env.node_mut(node).plugin.restart()?;
-    env.wait_registered(node, before).await?;
-    let found = wait_until("the restarted plugin reports its GPUs", WAIT, || async {
-        let l = layouts(&env).get_opt(node).await?;
-        let gpus = l.and_then(|l| l.status).map(|s| s.gpus).unwrap_or_default();
-        Ok((gpus.len() == 2).then_some(gpus))
-    })
-    .await?;
+    // The (simulated) hardware outlives the plugin: the re-created MigLayout reports what was made.
+    let found = restart_without_layout(&mut env, node).await?;
     let g1 = found.iter().find(|g| g.uuid == gpu1).context("gpu-1")?;
     ensure!(g1.devices.len() == 2, "gpu-1 after the restart: {g1:?}");
     wait_devices(&env, node, &carved, &["gpu-1"]).await?;
