@@ -284,3 +284,38 @@ fn flatten<T>(
         Err(e) => Err(format!("task: {e}")),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::resource::v1::Device;
+
+    #[test]
+    fn withheld_devices_leave_the_pool_until_released() {
+        let device = |name: &str| Device {
+            name: name.into(),
+            ..Default::default()
+        };
+        let pool = || {
+            vec![SliceContent {
+                devices: vec![device("gpu-0"), device("gpu-1-mig-3g40gb-9-4")],
+                shared_counters: Vec::new(),
+            }]
+        };
+        let names = |c: &[SliceContent]| -> Vec<String> {
+            c.iter()
+                .flat_map(|s| s.devices.iter().map(|d| d.name.clone()))
+                .collect()
+        };
+        let w = Withheld::default();
+        let gpu0: BTreeSet<String> = ["gpu-0".to_string()].into();
+        w.add(&gpu0);
+        let mut c = pool();
+        w.remove_from(&mut c);
+        assert_eq!(names(&c), ["gpu-1-mig-3g40gb-9-4"]);
+        w.remove(&gpu0);
+        let mut c = pool();
+        w.remove_from(&mut c);
+        assert_eq!(names(&c), ["gpu-0", "gpu-1-mig-3g40gb-9-4"]);
+    }
+}
