@@ -6,6 +6,7 @@ One shape on a fresh etcd + kube-apiserver + kube-scheduler with no kubelets:
     scheduler.py load   SLICES_JSON NODES DEVICECLASS_YAML...   Nodes (API only) and their slices
                         (SLICES_JSON `-`: Nodes only; on-demand plugins publish their own)
     scheduler.py ready  NODES GPUS                               waits for the on-demand plugins
+    scheduler.py restless SECONDS                                MigLayouts rewritten meanwhile
     scheduler.py run    SHAPE PODS SCHEDULER_PID SCHEDULER_PORT  claims and pods, then figures
 
 `run` creates one ResourceClaim per pod (created up front, so only the scheduler is measured, not
@@ -170,6 +171,18 @@ def ready(nodes, gpus):
             sys.exit(f"on-demand plugins: {published}/{nodes} publishing, {reported}/{nodes} MigLayouts reported")
         time.sleep(1)
     print(f"  {nodes} plugins publishing and reporting in {time.monotonic() - start:.1f}s", file=sys.stderr)
+
+
+def restless(seconds):
+    """Prints the MigLayouts whose resourceVersion moved in SECONDS of an idle cluster (nothing
+    pending, so nothing should write them)."""
+    api = Api()
+    rv = lambda: {m["metadata"]["name"]: m["metadata"]["resourceVersion"]  # noqa: E731
+                  for m in api.req("GET", "/apis/nvidia.com/v1alpha1/miglayouts")["items"]}
+    before = rv()
+    time.sleep(seconds)
+    after = rv()
+    print(" ".join(sorted(n for n, v in after.items() if before.get(n) != v)))
 
 
 def cost_pids():
@@ -341,6 +354,8 @@ if __name__ == "__main__":
         load(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     elif sys.argv[1] == "ready":
         ready(int(sys.argv[2]), int(sys.argv[3]))
+    elif sys.argv[1] == "restless":
+        restless(float(sys.argv[2]))
     elif sys.argv[1] == "run":
         run(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
     else:

@@ -76,12 +76,25 @@ shape_args() { # SHAPE -> dra-plugin slices flags
   esac
 }
 
+# The plugin of node I (0-based) of shape ondemand; its PID goes to ONDEMAND_PIDS[I + 1].
+start_plugin() {
+  local dir="$1" i="$2" name nd
+  name=$(printf 'node-%04d' "$i")
+  nd="$dir/nodes/$name"
+  mkdir -p "$nd/registry" "$nd/plugin" "$nd/cdi"
+  RUST_LOG=warn "$PLUGIN_BIN" run --node-name "$name" --kubeconfig "$dir/admin.kubeconfig" \
+    --registrar-dir "$nd/registry" --plugin-dir "$nd/plugin" --cdi-root "$nd/cdi" \
+    --metrics-port 0 --healthcheck-port 0 --backend simulated --profile "$PROFILE" --on-demand-mig \
+    >>"$nd/plugin.log" 2>&1 &
+  ONDEMAND_PIDS[i + 1]=$!
+}
+
 # Shape ondemand: Nodes without slices, our CRDs, one plugin per node (kubelet sockets in temp dirs
 # that no kubelet reads), then the controller with a GPUCluster whose hold-down (1h) outlasts the
 # run, so nothing merges back while pods arrive. Waits until every plugin publishes its GPUs and
 # reports them in its MigLayout. ONDEMAND_PIDS: the controller first, then the plugins.
 start_ondemand() {
-  local dir="$1" nodes="$2" i name nd gpus
+  local dir="$1" nodes="$2" i name gpus
   gpus="${PROFILE##*:}"
   export KUBECONFIG="$dir/admin.kubeconfig"
   kubectl apply --server-side -f deploy/crds/crds.yaml >/dev/null
@@ -91,16 +104,7 @@ start_ondemand() {
   "$CONTROLLER_BIN" run --namespace gpu-dra-driver --metrics-addr 127.0.0.1:0 --controllers gpucluster \
     >"$dir/logs/controller.log" 2>&1 &
   ONDEMAND_PIDS=("$!")
-  for ((i = 0; i < nodes; i++)); do
-    name=$(printf 'node-%04d' "$i")
-    nd="$dir/nodes/$name"
-    mkdir -p "$nd/registry" "$nd/plugin" "$nd/cdi"
-    RUST_LOG=warn "$PLUGIN_BIN" run --node-name "$name" --kubeconfig "$KUBECONFIG" \
-      --registrar-dir "$nd/registry" --plugin-dir "$nd/plugin" --cdi-root "$nd/cdi" \
-      --metrics-port 0 --healthcheck-port 0 --backend simulated --profile "$PROFILE" --on-demand-mig \
-      >"$nd/plugin.log" 2>&1 &
-    ONDEMAND_PIDS+=("$!")
-  done
+  for ((i = 0; i < nodes; i++)); do start_plugin "$dir" "$i"; done
   kubectl apply --server-side -f - >/dev/null <<YAML
 apiVersion: nvidia.com/v1alpha1
 kind: GPUCluster
@@ -115,6 +119,25 @@ spec:
     nodeSelector: {matchLabels: {sched-bench-no-such-pool: "true"}}
 YAML
   python3 e2e/bench/scheduler.py ready "$nodes" "$gpus"
+  # A plugin whose first two status writes fell in different seconds can keep rewriting its
+  # MigLayout status (lastTransitionTime flipping between the two, each write answering the watch
+  # event of the one before); at 100 nodes that is a steady stream of MigLayout events, and the
+  # shaper, debounced until events pause, never runs. Restarted, the plugin finds the status
+  # settled. The restarts are printed; the plugin bug is theirs to fix, not this bench's.
+  local restless try
+  for try in 1 2 3; do
+    restless=$(python3 e2e/bench/scheduler.py restless 3)
+    [ -n "$restless" ] || break
+    echo "  MigLayouts rewritten without pause (try $try), restarting their plugins: $(wc -w <<<"$restless")"
+    for name in $restless; do
+      i=$((10#${name#node-}))
+      kill "${ONDEMAND_PIDS[i + 1]}" 2>/dev/null || true
+      wait "${ONDEMAND_PIDS[i + 1]}" 2>/dev/null || true
+      start_plugin "$dir" "$i"
+    done
+    python3 e2e/bench/scheduler.py ready "$nodes" "$gpus"
+  done
+  [ -z "$restless" ] || { echo "MigLayouts still rewritten without pause: $restless" >&2; return 1; }
   local rss
   rss=$(for p in "${ONDEMAND_PIDS[@]:1}"; do awk '/^VmRSS:/ {print $2}' "/proc/$p/status"; done |
     awk '{s += $1} END {printf "%.0f MiB in all, %.1f MiB each", s / 1024, s / 1024 / NR}')
