@@ -19,8 +19,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -192,6 +192,10 @@ struct Shared {
     /// One flush at a time; the others wait for it and go again only if it did not carry them.
     flushing: AtomicBool,
     slots: Mutex<Slots>,
+    /// The lock shared with a second plugin process, when there may be one (`shared`).
+    writer: OnceLock<tokio::sync::Mutex<shared::Writer>>,
+    /// Leases of this process on `writer` now.
+    leases: AtomicUsize,
     /// Runs after each pass over side files but the last (tests queue files mid-flush with it).
     #[cfg(test)]
     after_pass: Mutex<Option<PassHook>>,
@@ -264,6 +268,8 @@ impl Checkpoint {
                     filled: [0; 2],
                     newest: newest_file,
                 }),
+                writer: OnceLock::new(),
+                leases: AtomicUsize::new(0),
                 #[cfg(test)]
                 after_pass: Mutex::new(None),
             }),
@@ -394,6 +400,7 @@ impl Checkpoint {
     /// so that a version from before the second file, started after this one stops, reads it.
     /// For shutdown, after the last update.
     pub async fn settle(&self) -> Result<(), Error> {
+        let _lease = self.lease().await?;
         let in_alternate = self.shared.slots.lock().expect("checkpoint slots").newest == Some(1);
         if in_alternate {
             self.update(|_| ()).await?;
@@ -608,6 +615,9 @@ pub fn read_boot_id(path: &Path) -> Result<String, Error> {
         .map(|s| s.trim().to_string())
         .map_err(|e| Error::io("reading the boot ID", path, e))
 }
+
+mod shared;
+pub use shared::{Lease, StartupLock, lock_path};
 
 #[cfg(test)]
 mod tests;

@@ -229,6 +229,8 @@ impl DeviceState {
     /// Prepares one claim. Preparing a prepared claim returns the same devices.
     pub async fn prepare(&self, alloc: &ClaimAllocation) -> Result<Vec<PreparedDevice>, Error> {
         let claim = &alloc.claim;
+        // Shared with a second plugin process (rolling upgrade): its records first.
+        let _lease = self.checkpoint.lease().await?;
         let _guard = self.lock_claim(&claim.uid).await;
         match self.checkpoint.get(&claim.uid) {
             Some(r) if r.state == ClaimState::PrepareCompleted => return Ok(r.devices),
@@ -372,6 +374,7 @@ impl DeviceState {
 
     /// Unprepares one claim; an unknown claim is already unprepared.
     pub async fn unprepare(&self, claim_uid: &str) -> Result<(), Error> {
+        let _lease = self.checkpoint.lease().await?;
         let _guard = self.lock_claim(claim_uid).await;
         match self.checkpoint.get(claim_uid) {
             None => self.cdi.remove(claim_uid),

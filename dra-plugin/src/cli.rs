@@ -175,6 +175,11 @@ pub struct RunArgs {
     /// use two cores.
     #[arg(long, env = "WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub worker_threads: u16,
+    /// Rolling upgrades (kubelet 1.33+): this pod's UID, from the downward API. Names the
+    /// sockets per pod so that the old and the new pod serve side by side, and shares the
+    /// checkpoint between them through a lock. Empty: the fixed socket names.
+    #[arg(long, env = "POD_UID")]
+    pub rolling_update_uid: Option<String>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

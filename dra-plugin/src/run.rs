@@ -38,6 +38,7 @@ mod health;
 mod kubelet;
 mod on_demand;
 mod passthrough;
+mod rolling;
 mod shutdown;
 use health::{spawn_health, spawn_health_monitor};
 use kubelet::serve_kubelet;
@@ -186,8 +187,12 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     std::fs::create_dir_all(&args.plugin_dir)
         .with_context(|| format!("creating {}", args.plugin_dir.display()))?;
     let boot_id = read_boot_id(&args.boot_id_file)?;
-    let (checkpoint, outcome) =
-        Checkpoint::load(&args.plugin_dir.join("checkpoint.json"), &boot_id)?;
+    let cp_path = args.plugin_dir.join("checkpoint.json");
+    let uid = rolling::pod_uid(args.rolling_update_uid.as_deref())?;
+    let lock = rolling::startup_lock(&cp_path, uid).await?;
+    let (checkpoint, outcome) = Checkpoint::load(&cp_path, &boot_id)?;
+    // Held through recovery, which rolls back unfinished prepares: none of the other pod's.
+    let startup = lock.map(|l| checkpoint.share(l));
     let cdi = CdiStore::new(&args.cdi_root);
     let mut inventory = discover(&backend, shutdown.clone()).await?;
     let pci_bus = passthrough::pci_bus(&gates, &dev.host);
@@ -247,6 +252,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     metrics
         .prepared_devices
         .set(gauge_count(state.prepared_device_count()));
+    drop(startup);
 
     let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
         (Some(dir), _) => Arc::new(FileClaims::new(
@@ -381,6 +387,11 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     let dev = &args.device;
     let metrics = Arc::new(Metrics::new());
     info!(node = %dev.node_name, "starting the compute-domain driver");
+    // Its state writes the checkpoint without the writer lock a second pod would need.
+    anyhow::ensure!(
+        rolling::pod_uid(args.rolling_update_uid.as_deref())?.is_none(),
+        "--rolling-update-uid (POD_UID) is not supported by the compute-domain driver yet"
+    );
     let client = match &args.offline_claims_dir {
         Some(_) => None,
         None => Some(kube_client(args.kubeconfig.as_deref()).await?),

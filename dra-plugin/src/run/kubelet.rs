@@ -53,9 +53,11 @@ pub(super) fn serve_kubelet(
     shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<KubeletServers> {
     let driver = &args.device.driver_name;
+    let uid = super::rolling::pod_uid(args.rolling_update_uid.as_deref())?;
+    let (dra_file, reg_file) = super::rolling::socket_names(driver, uid);
     // The DRA socket first, then registration: the kubelet may call as soon as it sees us.
-    let dra_path = std::path::absolute(args.plugin_dir.join("dra.sock"))?;
-    let reg_path = args.registrar_dir.join(format!("{driver}-reg.sock"));
+    let dra_path = std::path::absolute(args.plugin_dir.join(dra_file))?;
+    let reg_path = args.registrar_dir.join(reg_file);
     let registration = RegistrationService::new(
         driver,
         &dra_path.to_string_lossy(),
