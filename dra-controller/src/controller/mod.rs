@@ -101,7 +101,7 @@ impl RunArgs {
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ControllerKind {
-    /// GPUCluster: DeviceClasses, kubelet plugin, RBAC, VAP, migration pool.
+    /// GPUCluster: DeviceClasses, kubelet plugin, RBAC, VAP, migration pool, on-demand MIG shaper.
     Gpucluster,
     /// ComputeDomain: workload and daemon ResourceClaimTemplates, daemon DaemonSets, status.
     Computedomain,

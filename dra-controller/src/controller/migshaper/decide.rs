@@ -1,9 +1,10 @@
 //! The decision core: from the pool's MigLayouts, what is allocated and what is pending, the MIG
 //! geometry each node should have next. Pure: no API calls, time passed in.
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dra_sim::alloc::{AllocatedState, Allocator, SimNode};
+use dra_sim::alloc::{AllocatedState, Allocator, DeviceCache, SimNode};
 use gpu_dra_api::inventory::{gpu_device_name, mig_device_name};
 use gpu_dra_api::miglayout::{GpuLayout, MigPlacement};
 use gpu_dra_api::names::GPU_DRIVER;
@@ -111,9 +112,14 @@ pub fn decide(state: State<'_>, policy: &Policy, now: Instant) -> Decision {
     w.restore_whole();
     let mut pending = state.pending;
     pending.sort_by(|a, b| a.key.cmp(&b.key));
+    // The published slices' device facts and class outcomes, worked out once for all claims.
+    let published = Published {
+        slices: state.slices,
+        cache: Arc::new(DeviceCache::new(state.slices)),
+    };
     let unmet = pending
         .iter()
-        .filter_map(|p| w.place(p, state.slices))
+        .filter_map(|p| w.place(p, &published))
         .collect();
     let kept = w.pre_carve_kept();
     let mut idle_since = state.idle_since;
@@ -138,6 +144,12 @@ pub(super) struct Work<'a> {
     /// (node, gpu) indices whose layout this pass changed.
     pub touched: BTreeSet<(usize, usize)>,
     pub changes: Vec<Change>,
+}
+
+/// What the scheduler sees now, with the allocator's per-device cache.
+struct Published<'a> {
+    slices: &'a [ResourceSlice],
+    cache: Arc<DeviceCache>,
 }
 
 /// A new MIG device on one GPU.
@@ -278,13 +290,14 @@ impl Work<'_> {
 
     /// Plans one pending claim: nothing when it fits what is published or planned, else one new
     /// MIG device; `Some` when neither works.
-    fn place(&mut self, p: &PendingClaim, published: &[ResourceSlice]) -> Option<Unmet> {
+    fn place(&mut self, p: &PendingClaim, published: &Published<'_>) -> Option<Unmet> {
         if let Some(r) = self.fits_published(published, p) {
             self.reserve(&r);
             return None;
         }
+        // Nodes whose spec is carried out already publish what it asks for: checked above.
         for n in 0..self.nodes.len() {
-            if !self.selects(p, &self.nodes[n].name) {
+            if !self.nodes[n].changing() || !self.selects(p, &self.nodes[n].name) {
                 continue;
             }
             let slices = node_slices(&self.nodes[n], GpuState::layout);
@@ -310,10 +323,15 @@ impl Work<'_> {
 
     fn fits_published(
         &self,
-        published: &[ResourceSlice],
+        published: &Published<'_>,
         p: &PendingClaim,
     ) -> Option<Vec<AllocationResult>> {
-        let alloc = Allocator::new(self.classes, published, self.allocated.clone());
+        let alloc = Allocator::with_cache(
+            self.classes,
+            published.slices,
+            self.allocated.clone(),
+            published.cache.clone(),
+        );
         alloc
             .node_names()
             .into_iter()

@@ -55,6 +55,15 @@ pub fn model_of(product_name: &str) -> Option<&'static GpuModel> {
 }
 
 impl NodeState {
+    /// Whether a GPU's spec asks for other MIG devices than exist (the plugin has work to do).
+    pub fn changing(&self) -> bool {
+        self.gpus.iter().any(|g| {
+            g.wanted.as_ref().is_some_and(|w| {
+                w.iter().collect::<BTreeSet<_>>() != g.existing.iter().collect::<BTreeSet<_>>()
+            })
+        })
+    }
+
     /// Reads a MigLayout; a GPU listed in the spec but absent from the status is skipped (the
     /// plugin has not reported it, so nothing is known of it).
     pub fn from_layout(ml: &MigLayout) -> Self {
