@@ -199,6 +199,8 @@ impl ComputeDomainState {
     }
 
     async fn prepare_claim(&self, alloc: &ClaimAllocation) -> Result<Vec<PreparedDevice>, Error> {
+        // Shared with a second plugin process (rolling upgrade): its records first.
+        let _lease = self.checkpoint.lease().await?;
         let _guard = self.lock.lock().await;
         let uid = &alloc.claim.uid;
         if let Some(r) = self
@@ -340,6 +342,7 @@ impl ComputeDomainState {
     }
 
     async fn unprepare_claim(&self, uid: &str) -> Result<(), Error> {
+        let _lease = self.checkpoint.lease().await?;
         let _guard = self.lock.lock().await;
         let path = self.spec_path(uid);
         remove_if_exists(&path).map_err(|e| Error::io("removing the CDI spec", &path, e))?;

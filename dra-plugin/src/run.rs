@@ -387,11 +387,7 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     let dev = &args.device;
     let metrics = Arc::new(Metrics::new());
     info!(node = %dev.node_name, "starting the compute-domain driver");
-    // Its state writes the checkpoint without the writer lock a second pod would need.
-    anyhow::ensure!(
-        rolling::pod_uid(args.rolling_update_uid.as_deref())?.is_none(),
-        "--rolling-update-uid (POD_UID) is not supported by the compute-domain driver yet"
-    );
+
     let client = match &args.offline_claims_dir {
         Some(_) => None,
         None => Some(kube_client(args.kubeconfig.as_deref()).await?),
@@ -399,8 +395,12 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     std::fs::create_dir_all(&args.plugin_dir)
         .with_context(|| format!("creating {}", args.plugin_dir.display()))?;
     let boot_id = read_boot_id(&args.boot_id_file)?;
-    let (checkpoint, outcome) =
-        Checkpoint::load(&args.plugin_dir.join("checkpoint.json"), &boot_id)?;
+    let cp_path = args.plugin_dir.join("checkpoint.json");
+    let uid = rolling::pod_uid(args.rolling_update_uid.as_deref())?;
+    let lock = rolling::startup_lock(&cp_path, uid).await?;
+    let (checkpoint, outcome) = Checkpoint::load(&cp_path, &boot_id)?;
+    // No recovery to guard here: the lease only makes the checkpoint shared.
+    drop(lock.map(|l| checkpoint.share(l)));
     if !matches!(outcome, LoadOutcome::Loaded | LoadOutcome::Fresh) {
         warn!(?outcome, "compute-domain checkpoint started over");
     }
