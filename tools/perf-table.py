@@ -59,6 +59,8 @@ dynamic-MIG columns are the same measurements. On-demand MIG runs the real `dra-
 --on-demand-mig` per node (no kubelet) and `dra-controller`; its pods alternate 1g.10gb and whole-GPU
 claims, and every 1g.10gb must be carved first, so created -> bound includes the MIG shaper and the
 plugins. Ratio is on-demand ÷ whole GPU; the goal (issue 32) is scheduler CPU per pod within 2×.
+The "pod creation -> Running" rows come from `make bench-mig-latency` (stock kubelets, a 3g.40gb
+to create per pod): the dynamic-MIG column is publish every placement (created at prepare).
 
 | figure | whole GPU | dynamic MIG | on-demand MIG | ratio on-demand/whole | goal | machine | date |
 |---|---|---|---|---|---|---|---|
