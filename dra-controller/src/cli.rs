@@ -18,6 +18,8 @@ pub struct Cli {
 pub enum Command {
     /// Run the cluster controller (DeviceClasses, GPUCluster, migration pool, ComputeDomains).
     Run(crate::controller::RunArgs),
+    /// Serve only the admission webhook that checks ResourceClaims' opaque configs.
+    Webhook(crate::webhook::WebhookArgs),
     /// Evaluate a CEL device selector against devices, exactly as the scheduler would.
     Eval(dra_sim::EvalArgs),
     /// Show which devices the scheduler would allocate to claims, or why it cannot.
@@ -32,6 +34,7 @@ impl Cli {
     pub async fn run(self) -> anyhow::Result<()> {
         match self.command {
             Command::Run(args) => crate::controller::run(args).await,
+            Command::Webhook(args) => crate::webhook::run(args).await,
             Command::Eval(args) => Ok(dra_sim::eval(args).await?),
             Command::Simulate(args) => Ok(dra_sim::simulate(args).await?),
             Command::Plan(args) => Ok(dra_sim::plan(args).await?),

@@ -22,6 +22,10 @@ pub enum Error {
     HoldDown(String),
     #[error("metrics or health server failed: {0}")]
     Server(#[source] std::io::Error),
+    #[error("webhook certificate: {0}")]
+    Tls(String),
+    #[error("admission webhook server failed: {0}")]
+    Webhook(#[source] std::io::Error),
 }
 
 impl From<kube::Error> for Error {
@@ -42,6 +46,8 @@ impl Error {
             Self::Finalizer(_) => "finalizer",
             Self::HoldDown(_) => "hold_down",
             Self::Server(_) => "server",
+            Self::Tls(_) => "tls",
+            Self::Webhook(_) => "webhook",
         }
     }
 }

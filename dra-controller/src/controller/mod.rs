@@ -83,6 +83,12 @@ pub struct RunArgs {
         value_name = "FORMAT"
     )]
     pub components_logging_format: Option<gpu_dra_log::Format>,
+    /// Also serve the ResourceClaim admission webhook (the `--webhook-*` options), on every
+    /// replica, leader or not.
+    #[arg(long)]
+    pub webhook: bool,
+    #[command(flatten)]
+    pub webhook_args: crate::webhook::WebhookArgs,
 }
 
 impl RunArgs {
@@ -124,6 +130,15 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         admin.clone(),
         shutdown.clone(),
     ));
+    let webhook = if args.webhook {
+        Some(
+            crate::webhook::start(&args.webhook_args, shutdown.clone())
+                .await?
+                .1,
+        )
+    } else {
+        None
+    };
 
     let identity = match args.identity.clone() {
         Some(id) => id,
@@ -219,6 +234,9 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         warn!(error = %e, "releasing the lease failed");
     }
     server.abort();
+    if let Some(w) = webhook {
+        w.abort();
+    }
     result
 }
 
@@ -286,7 +304,6 @@ fn migshaper_controller(
             singleton::<ResourceSlice>,
         )
         .watches(Api::<MigLayout>::all(client), all(), singleton::<MigLayout>)
-        .with_config(ControllerConfig::default().debounce(Duration::from_secs(2)))
         .graceful_shutdown_on(shutdown)
         .run(migshaper::run::reconcile, migshaper::run::error_policy, ctx)
         .for_each(|res| async move { log_outcome("migshaper", res) })
@@ -347,7 +364,7 @@ fn singleton<T>(_: T) -> Option<ObjectRef<GPUCluster>> {
     Some(ObjectRef::new(GPU_CLUSTER_NAME))
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
             Ok(mut s) => {
