@@ -14,7 +14,7 @@ use std::time::Duration;
 use dra_plugin_core::backend::DeviceBackend;
 use dra_plugin_core::miglayout::{GpuChange, Refusal, WantedMig, check_not_held, plan_gpu};
 use dra_plugin_core::state::DeviceState;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use gpu_dra_api::inventory::{Gpu, Inventory};
 use gpu_dra_api::miglayout::MigLayout;
 use gpu_dra_api::slices::SliceContent;
@@ -85,37 +85,48 @@ impl Reconciler {
         Api::all(self.client.clone())
     }
 
-    /// Reconciles until `shutdown`: on every change of the object, and again after [`RETRY`]
-    /// while a layout is not applied.
+    /// Reconciles until `shutdown`: on every spec change of the object, and again after
+    /// [`RETRY`] while a layout is not applied. Status-only events (this plugin's own writes)
+    /// do not start a pass: answering them with a stale object made two writes chase each other.
     pub async fn run(self, mut shutdown: watch::Receiver<bool>) {
         let cfg = watcher::Config::default().fields(&format!("metadata.name={}", self.node));
         let mut events = watcher(self.api(), cfg)
             .default_backoff()
             .applied_objects()
             .boxed();
-        let mut latest: Option<MigLayout>;
-        let mut wait = Duration::ZERO;
+        let mut deadline = tokio::time::Instant::now();
+        // The object (UID, generation) whose last pass applied everything.
+        let mut settled: Option<(Option<String>, Option<i64>)> = None;
         loop {
-            tokio::select! {
+            let latest = tokio::select! {
                 ev = events.next() => match ev {
-                    Some(Ok(obj)) => latest = Some(obj),
+                    Some(Ok(obj)) => newest(obj, &mut events),
                     Some(Err(e)) => { debug!(error = %e, "MigLayout watch interrupted"); continue }
                     None => return,
                 },
-                _ = tokio::time::sleep(wait) => latest = self.fetch_or_create().await,
-                _ = shutdown.changed() => return,
-            }
-            wait = match &latest {
-                Some(layout) => match self.reconcile(layout).await {
-                    Ok(true) => RESYNC,
-                    Ok(false) => RETRY,
-                    Err(e) => {
-                        warn!(error = %e, "MigLayout reconcile failed; will retry");
-                        RETRY
+                _ = tokio::time::sleep_until(deadline) => {
+                    settled = None;
+                    match self.fetch_or_create().await {
+                        Some(l) => l,
+                        None => { deadline = tokio::time::Instant::now() + RETRY; continue }
                     }
-                },
-                None => RETRY,
+                }
+                _ = shutdown.changed() => return,
             };
+            let key = (latest.metadata.uid.clone(), latest.metadata.generation);
+            if settled.as_ref() == Some(&key) {
+                continue;
+            }
+            let (next, done) = match self.reconcile(&latest).await {
+                Ok(true) => (RESYNC, Some(key)),
+                Ok(false) => (RETRY, None),
+                Err(e) => {
+                    warn!(error = %e, "MigLayout reconcile failed; will retry");
+                    (RETRY, None)
+                }
+            };
+            settled = done;
+            deadline = tokio::time::Instant::now() + next;
         }
     }
 
@@ -266,6 +277,17 @@ impl Reconciler {
             .get_or_create(&MigLayoutRefusalLabels { reason: r.reason })
             .inc();
     }
+}
+
+/// The newest object among `first` and the events already queued behind it.
+fn newest(
+    mut first: MigLayout,
+    events: &mut (impl futures::Stream<Item = Result<MigLayout, watcher::Error>> + Unpin),
+) -> MigLayout {
+    while let Some(Some(Ok(obj))) = events.next().now_or_never() {
+        first = obj;
+    }
+    first
 }
 
 fn failed(message: String) -> Refusal {

@@ -133,6 +133,9 @@ impl Reconciler {
                 _ => {}
             }
         }
+        if layout.status.as_ref() == Some(&status) {
+            return Ok(());
+        }
         let body = serde_json::json!({
             "apiVersion": "nvidia.com/v1alpha1",
             "kind": "MigLayout",

@@ -38,7 +38,13 @@ pub struct Memory {
     pub idle_since: BTreeMap<String, Instant>,
     /// The reason last reported per pod, so each pod gets one Event per reason.
     pub reported: BTreeMap<String, UnmetReason>,
+    /// When the last pass started: passes are spaced by [`MIN_INTERVAL`].
+    pub last_pass: Option<Instant>,
 }
+
+/// Events arriving while a pass waits out this interval are folded into that pass. A debounce
+/// (delay reset by every event) would never run under a steady stream of events.
+const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Everything a pass reads.
 struct Objects {
@@ -86,6 +92,11 @@ pub async fn reconcile(gc: Arc<GPUCluster>, ctx: Arc<Ctx>) -> Result<Action> {
     let Some(spec) = gc.spec.dra_driver.gpus.on_demand_mig() else {
         return Ok(Action::await_change());
     };
+    let since_last = lock(&ctx.memory).last_pass.map(|t| t.elapsed());
+    if let Some(wait) = since_last.and_then(|e| MIN_INTERVAL.checked_sub(e)) {
+        tokio::time::sleep(wait).await;
+    }
+    lock(&ctx.memory).last_pass = Some(Instant::now());
     let _timer = ctx.metrics.reconcile.measure(CONTROLLER);
     let policy = Policy::from_spec(spec).ok_or_else(|| Error::HoldDown(spec.hold_down.clone()))?;
     let objs = load(&ctx.client).await?;
