@@ -376,3 +376,115 @@ async fn w2_unreachable_webhook_admits_and_a_renewed_cert_is_served() -> Result<
     })
     .await
 }
+
+/// The helm binary: `E2E_HELM_BIN`, or what `deploy/helm/build-helm.sh` builds or finds cached.
+async fn helm_bin() -> Result<PathBuf> {
+    if let Some(bin) = std::env::var_os("E2E_HELM_BIN") {
+        return Ok(PathBuf::from(bin));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/build-helm.sh");
+    let out = Command::new("bash")
+        .arg(&script)
+        .stderr(Stdio::inherit())
+        .output()
+        .await?;
+    if !out.status.success() {
+        bail!("{} failed ({})", script.display(), out.status);
+    }
+    let stdout = String::from_utf8(out.stdout)?;
+    stdout
+        .lines()
+        .last()
+        .map(PathBuf::from)
+        .context("build-helm.sh printed no path")
+}
+
+/// `helm template` into namespace `ns` with `--set` values: the documents, or helm's error.
+async fn helm_template(helm: &Path, ns: &str, sets: &[&str]) -> Result<Result<Vec<Value>, String>> {
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/helm/gpu-dra-driver");
+    let mut cmd = Command::new(helm);
+    cmd.args(["template", "gpu-dra"])
+        .arg(&chart)
+        .args(["--namespace", ns]);
+    for s in sets {
+        cmd.args(["--set", s]);
+    }
+    let out = cmd.output().await.context("running helm template")?;
+    if !out.status.success() {
+        return Ok(Err(String::from_utf8_lossy(&out.stderr).into_owned()));
+    }
+    Ok(Ok(e2e::env::yaml_docs(&String::from_utf8(out.stdout)?)?))
+}
+
+fn doc<'a>(docs: &'a [Value], kind: &str) -> Result<&'a Value> {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .with_context(|| format!("no {kind} rendered"))
+}
+
+#[tokio::test]
+async fn w3_the_charts_webhook_objects_pass_server_validation() -> Result<()> {
+    scenario("w3", async |w| {
+        let helm = helm_bin().await?;
+        let missing = helm_template(&helm, &w.test, &["webhook.enabled=true"]).await?;
+        let err = missing.expect_err("a webhook without a certificate source is refused");
+        assert!(err.contains("webhook.caBundle"), "{err}");
+
+        let ca = new_ca("w3 ca")?;
+        let bundle = serde_json::to_value(ByteString(ca.pem().into_bytes()))?;
+        let bundle = format!("webhook.caBundle={}", bundle.as_str().context("base64")?);
+        let docs = helm_template(&helm, &w.test, &["webhook.enabled=true", &bundle])
+            .await?
+            .map_err(anyhow::Error::msg)?;
+        let args = &doc(&docs, "Deployment")?["spec"]["template"]["spec"]["containers"][0]["args"];
+        assert!(
+            args.as_array()
+                .context("args")?
+                .contains(&json!("--webhook")),
+            "{args}"
+        );
+        let vwc: ValidatingWebhookConfiguration =
+            serde_json::from_value(doc(&docs, "ValidatingWebhookConfiguration")?.clone())?;
+        let hook = &vwc.webhooks.as_ref().context("webhooks")?[0];
+        assert_eq!(hook.failure_policy.as_deref(), Some("Ignore"));
+        assert_eq!(hook.match_policy.as_deref(), Some("Equivalent"));
+        assert_eq!(
+            hook.client_config.ca_bundle,
+            Some(ByteString(ca.pem().into_bytes()))
+        );
+        let service: k8s_openapi::api::core::v1::Service =
+            serde_json::from_value(doc(&docs, "Service")?.clone())?;
+        let dry = PostParams {
+            dry_run: true,
+            ..Default::default()
+        };
+        Api::<ValidatingWebhookConfiguration>::all(w.client.clone())
+            .create(&dry, &vwc)
+            .await
+            .context("the chart's ValidatingWebhookConfiguration, dry-run")?;
+        Api::<k8s_openapi::api::core::v1::Service>::namespaced(w.client.clone(), &w.test)
+            .create(&dry, &service)
+            .await
+            .context("the chart's webhook Service, dry-run")?;
+
+        let cm = helm_template(
+            &helm,
+            &w.test,
+            &["webhook.enabled=true", "webhook.certManager.enabled=true"],
+        )
+        .await?
+        .map_err(anyhow::Error::msg)?;
+        let vwc = doc(&cm, "ValidatingWebhookConfiguration")?;
+        let inject = &vwc["metadata"]["annotations"]["cert-manager.io/inject-ca-from"];
+        assert_eq!(inject, &json!(format!("{}/gpu-dra-webhook", w.test)));
+        assert!(
+            vwc["webhooks"][0]["clientConfig"]["caBundle"].is_null(),
+            "{vwc}"
+        );
+        let cert = doc(&cm, "Certificate")?;
+        assert_eq!(cert["spec"]["secretName"], "gpu-dra-webhook-tls");
+        assert_eq!(doc(&cm, "Issuer")?["spec"]["selfSigned"], json!({}));
+        Ok(())
+    })
+    .await
+}
