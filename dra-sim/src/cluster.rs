@@ -12,15 +12,18 @@
 //! What is not: Score. No default Score plugin looks at DRA devices, so the pod goes to the first
 //! feasible node found (in visit order); below 100 nodes every node is visited from the first,
 //! which makes this the simulate path's rule (first node by name where the pod fits). Filter runs
-//! on one thread (the scheduler runs 16 goroutines; the allocator is not shared across threads).
+//! on one thread by default, or on several ([`ClusterRun::with_threads`]; the scheduler runs 16
+//! goroutines), each with its own allocator, the outcome the same as on one.
 //!
-//! Why it is fast: one allocator for the whole run (compiled selectors, class outcomes and slice
-//! facts kept across pods), and the allocated state updated in place after each placement rather
-//! than rebuilt from every allocated claim.
+//! Why it is fast: one allocator per thread for the whole run (compiled selectors, class outcomes
+//! and slice facts kept across pods), what [`Kept`] keeps between Filter calls (each node's pools,
+//! each pool's counters and allocated devices, claim selector outcomes), and the allocated state
+//! updated in place after each placement rather than rebuilt from every allocated claim.
 use crate::alloc::SimNode;
-use crate::alloc::{AllocatedState, Allocator, DeviceCache};
+use crate::alloc::{AllocatedState, Allocator, DeviceCache, Kept};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// The scheduler's `minFeasibleNodesToFind`.
 const MIN_FEASIBLE_NODES: usize = 100;
@@ -60,12 +63,42 @@ pub struct RunStats {
 
 /// The cluster while pods are scheduled onto it.
 pub struct ClusterRun<'a> {
-    alloc: Allocator<'a>,
+    /// one per thread running Filter, each with the same allocated state
+    workers: Vec<Worker<'a>>,
+    classes: &'a [DeviceClass],
+    slices: &'a [ResourceSlice],
+    cache: Arc<DeviceCache>,
     nodes: &'a [SimNode],
     next_start: usize,
     to_find: usize,
     pub stats: RunStats,
 }
+
+/// An allocator and what it keeps between Filter calls (neither is shared between threads).
+struct Worker<'a> {
+    alloc: Allocator<'a>,
+    /// `None`: every Filter call computed from nothing but the allocator's own caches (the
+    /// reference the kept path is tested against)
+    kept: Option<Kept>,
+}
+
+/// One Filter call's answer.
+enum Verdict {
+    Fits,
+    No,
+    Error,
+}
+
+/// What one thread found in a scheduling cycle: a verdict per position in the visit order it
+/// took, and the first fit among them with its allocation.
+#[derive(Default)]
+struct Found {
+    verdicts: Vec<(usize, Verdict)>,
+    first: Option<(usize, Vec<AllocationResult>)>,
+}
+
+/// Positions of the visit order a thread takes at a time.
+const BLOCK: usize = 8;
 
 impl<'a> ClusterRun<'a> {
     /// A run over `nodes`, with `allocated` already in use; `cache` is built for `slices`.
@@ -76,8 +109,15 @@ impl<'a> ClusterRun<'a> {
         nodes: &'a [SimNode],
         allocated: AllocatedState,
     ) -> Self {
+        let first = Worker {
+            alloc: Allocator::with_cache(classes, slices, allocated, cache.clone()),
+            kept: Some(Kept::default()),
+        };
         ClusterRun {
-            alloc: Allocator::with_cache(classes, slices, allocated, cache),
+            workers: vec![first],
+            classes,
+            slices,
+            cache,
             nodes,
             next_start: 0,
             to_find: feasible_nodes_to_find(nodes.len()),
@@ -85,40 +125,91 @@ impl<'a> ClusterRun<'a> {
         }
     }
 
+    /// The same run without what [`Kept`] keeps between Filter calls: slower, for comparison.
+    pub fn without_kept(mut self) -> Self {
+        for w in &mut self.workers {
+            w.kept = None;
+        }
+        self
+    }
+
+    /// Runs Filter on `threads` threads (as the scheduler runs it on 16 goroutines); the pods
+    /// land where they land on one.
+    pub fn with_threads(mut self, threads: usize) -> Self {
+        while self.workers.len() < threads.max(1) {
+            let w = &self.workers[0];
+            let alloc = Allocator::with_cache(
+                self.classes,
+                self.slices,
+                w.alloc.allocated.clone(),
+                self.cache.clone(),
+            );
+            let kept = w.kept.as_ref().map(|_| Kept::default());
+            self.workers.push(Worker { alloc, kept });
+        }
+        self
+    }
+
     /// One scheduling cycle for a pod with `claims`. The claims live as long as the run: the
     /// allocator keys compiled selectors by the selector text's address.
     pub fn schedule(&mut self, claims: &'a [ResourceClaim]) -> Placement {
         let n = self.nodes.len();
-        let mut chosen = None;
+        let (nodes, start, to_find) = (self.nodes, self.next_start, self.to_find);
+        let cursor = AtomicUsize::new(0);
+        let fits = AtomicUsize::new(0);
+        let (first, rest) = self.workers.split_first_mut().expect("a worker");
+        let mut found = std::thread::scope(|s| {
+            let others: Vec<_> = rest
+                .iter_mut()
+                .map(|w| {
+                    let (cursor, fits) = (&cursor, &fits);
+                    s.spawn(move || w.filter(nodes, start, claims, to_find, cursor, fits))
+                })
+                .collect();
+            let mut found = vec![first.filter(nodes, start, claims, to_find, &cursor, &fits)];
+            found.extend(others.into_iter().map(|h| h.join().expect("Filter thread")));
+            found
+        });
+        // the visit order as one thread walks it: stop at the to_find-th feasible node
+        let mut verdicts: Vec<(usize, Verdict)> = found
+            .iter_mut()
+            .flat_map(|f| f.verdicts.drain(..))
+            .collect();
+        verdicts.sort_unstable_by_key(|(pos, _)| *pos);
         let mut feasible = 0;
         let mut processed = 0;
-        for k in 0..n {
-            let i = (self.next_start + k) % n;
+        for (_, v) in &verdicts {
             processed += 1;
             self.stats.filter_calls += 1;
-            match self.alloc.allocate(&self.nodes[i], claims) {
-                Ok(Some(results)) => {
-                    feasible += 1;
-                    chosen.get_or_insert((i, results));
-                    if feasible >= self.to_find {
-                        break;
-                    }
-                }
-                Ok(None) => {}
-                Err(_) => self.stats.filter_errors += 1,
+            match v {
+                Verdict::Fits => feasible += 1,
+                Verdict::No => {}
+                Verdict::Error => self.stats.filter_errors += 1,
+            }
+            if feasible >= to_find {
+                break;
             }
         }
         if n > 0 {
             self.next_start = (self.next_start + processed) % n;
         }
+        let chosen = found
+            .into_iter()
+            .filter_map(|f| f.first)
+            .min_by_key(|(pos, _)| *pos);
         match chosen {
-            Some((node, results)) => {
-                for r in &results {
-                    self.alloc.allocated.add(r);
+            Some((pos, results)) => {
+                for w in &mut self.workers {
+                    for r in &results {
+                        w.alloc.allocated.add(r);
+                        if let Some(k) = &w.kept {
+                            k.allocated(r);
+                        }
+                    }
                 }
                 self.stats.placed += 1;
                 Placement {
-                    node: Some(node),
+                    node: Some((start + pos) % n),
                     results,
                 }
             }
@@ -130,6 +221,48 @@ impl<'a> ClusterRun<'a> {
                 }
             }
         }
+    }
+}
+
+impl Worker<'_> {
+    /// Filter on the nodes at the positions of the visit order this thread takes, `BLOCK` at a
+    /// time, until `to_find` feasible nodes are found by all threads together. Every position
+    /// taken is finished, so the positions done are the first ones of the order with no gap.
+    fn filter<'r>(
+        &'r self,
+        nodes: &'r [SimNode],
+        start: usize,
+        claims: &'r [ResourceClaim],
+        to_find: usize,
+        cursor: &AtomicUsize,
+        fits: &AtomicUsize,
+    ) -> Found {
+        let n = nodes.len();
+        let mut found = Found::default();
+        while fits.load(Ordering::Relaxed) < to_find {
+            let from = cursor.fetch_add(BLOCK, Ordering::Relaxed);
+            if from >= n {
+                break;
+            }
+            for pos in from..(from + BLOCK).min(n) {
+                let node = &nodes[(start + pos) % n];
+                let outcome = match &self.kept {
+                    Some(k) => self.alloc.allocate_kept(node, claims, k),
+                    None => self.alloc.allocate(node, claims),
+                };
+                let v = match outcome {
+                    Ok(Some(results)) => {
+                        fits.fetch_add(1, Ordering::Relaxed);
+                        found.first.get_or_insert((pos, results));
+                        Verdict::Fits
+                    }
+                    Ok(None) => Verdict::No,
+                    Err(_) => Verdict::Error,
+                };
+                found.verdicts.push((pos, v));
+            }
+        }
+        found
     }
 }
 
