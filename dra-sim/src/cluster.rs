@@ -20,8 +20,10 @@
 //! each pool's counters and allocated devices, claim selector outcomes), and the allocated state
 //! updated in place after each placement rather than rebuilt from every allocated claim.
 use crate::alloc::SimNode;
-use crate::alloc::{AllocatedState, Allocator, DeviceCache, Kept};
+use crate::alloc::{AllocatedState, Allocator, DeviceCache, Kept, Outcome};
 use k8s_openapi::api::resource::v1::{AllocationResult, DeviceClass, ResourceClaim, ResourceSlice};
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -55,6 +57,8 @@ pub struct Placement {
 pub struct RunStats {
     /// allocator runs (one per pod and node visited)
     pub filter_calls: u64,
+    /// of those, the ones computed rather than remembered (see [`ClusterRun::remember_outcomes`])
+    pub computed: u64,
     /// nodes where the allocator returned an error (counted as infeasible, as Filter does)
     pub filter_errors: u64,
     pub placed: u64,
@@ -71,6 +75,8 @@ pub struct ClusterRun<'a> {
     nodes: &'a [SimNode],
     next_start: usize,
     to_find: usize,
+    /// every pool lies on one node, so an allocation changes that node's outcomes only
+    isolated: bool,
     pub stats: RunStats,
 }
 
@@ -80,7 +86,12 @@ struct Worker<'a> {
     /// `None`: every Filter call computed from nothing but the allocator's own caches (the
     /// reference the kept path is tested against)
     kept: Option<Kept>,
+    /// per node, the outcome for each pod shape (claims' address) since the node last changed
+    outcomes: Option<RefCell<Vec<Remembered>>>,
 }
+
+/// A node's remembered outcomes: (claims' address, number of claims, outcome).
+type Remembered = Vec<(usize, usize, Arc<Outcome>)>;
 
 /// One Filter call's answer.
 enum Verdict {
@@ -93,7 +104,8 @@ enum Verdict {
 /// took, and the first fit among them with its allocation.
 #[derive(Default)]
 struct Found {
-    verdicts: Vec<(usize, Verdict)>,
+    /// (position, answer, whether computed rather than remembered)
+    verdicts: Vec<(usize, Verdict, bool)>,
     first: Option<(usize, Vec<AllocationResult>)>,
 }
 
@@ -112,6 +124,7 @@ impl<'a> ClusterRun<'a> {
         let first = Worker {
             alloc: Allocator::with_cache(classes, slices, allocated, cache.clone()),
             kept: Some(Kept::default()),
+            outcomes: None,
         };
         ClusterRun {
             workers: vec![first],
@@ -121,6 +134,7 @@ impl<'a> ClusterRun<'a> {
             nodes,
             next_start: 0,
             to_find: feasible_nodes_to_find(nodes.len()),
+            isolated: false,
             stats: RunStats::default(),
         }
     }
@@ -145,7 +159,34 @@ impl<'a> ClusterRun<'a> {
                 self.cache.clone(),
             );
             let kept = w.kept.as_ref().map(|_| Kept::default());
-            self.workers.push(Worker { alloc, kept });
+            let outcomes = w.outcomes.as_ref().map(|_| fresh(self.nodes.len()));
+            self.workers.push(Worker {
+                alloc,
+                kept,
+                outcomes,
+            });
+        }
+        self
+    }
+
+    /// Remembers each node's Filter outcome per pod shape until an allocation changes the node:
+    /// the outcome is the allocator's for the same state, only not computed again. When a pool
+    /// spans nodes or a slice is not bound to one node, an allocation forgets every node's.
+    pub fn remember_outcomes(mut self) -> Self {
+        let mut nodes_of: HashMap<(&str, &str), HashSet<&str>> = HashMap::new();
+        let mut isolated = true;
+        for s in self.slices {
+            match s.spec.node_name.as_deref() {
+                Some(n) if !n.is_empty() => {
+                    let id = (s.spec.driver.as_str(), s.spec.pool.name.as_str());
+                    nodes_of.entry(id).or_default().insert(n);
+                }
+                _ => isolated = false,
+            }
+        }
+        self.isolated = isolated && nodes_of.values().all(|n| n.len() == 1);
+        for w in &mut self.workers {
+            w.outcomes = Some(fresh(self.nodes.len()));
         }
         self
     }
@@ -171,16 +212,17 @@ impl<'a> ClusterRun<'a> {
             found
         });
         // the visit order as one thread walks it: stop at the to_find-th feasible node
-        let mut verdicts: Vec<(usize, Verdict)> = found
+        let mut verdicts: Vec<(usize, Verdict, bool)> = found
             .iter_mut()
             .flat_map(|f| f.verdicts.drain(..))
             .collect();
-        verdicts.sort_unstable_by_key(|(pos, _)| *pos);
+        verdicts.sort_unstable_by_key(|(pos, _, _)| *pos);
         let mut feasible = 0;
         let mut processed = 0;
-        for (_, v) in &verdicts {
+        for (_, v, computed) in &verdicts {
             processed += 1;
             self.stats.filter_calls += 1;
+            self.stats.computed += u64::from(*computed);
             match v {
                 Verdict::Fits => feasible += 1,
                 Verdict::No => {}
@@ -199,6 +241,7 @@ impl<'a> ClusterRun<'a> {
             .min_by_key(|(pos, _)| *pos);
         match chosen {
             Some((pos, results)) => {
+                let node = (start + pos) % n;
                 for w in &mut self.workers {
                     for r in &results {
                         w.alloc.allocated.add(r);
@@ -206,10 +249,18 @@ impl<'a> ClusterRun<'a> {
                             k.allocated(r);
                         }
                     }
+                    if let Some(o) = &w.outcomes {
+                        let mut o = o.borrow_mut();
+                        if self.isolated {
+                            o[node].clear();
+                        } else {
+                            o.iter_mut().for_each(Vec::clear);
+                        }
+                    }
                 }
                 self.stats.placed += 1;
                 Placement {
-                    node: Some((start + pos) % n),
+                    node: Some(node),
                     results,
                 }
             }
@@ -245,25 +296,50 @@ impl Worker<'_> {
                 break;
             }
             for pos in from..(from + BLOCK).min(n) {
-                let node = &nodes[(start + pos) % n];
-                let outcome = match &self.kept {
-                    Some(k) => self.alloc.allocate_kept(node, claims, k),
-                    None => self.alloc.allocate(node, claims),
-                };
-                let v = match outcome {
+                let (outcome, computed) = self.outcome((start + pos) % n, nodes, claims);
+                let v = match outcome.as_ref() {
                     Ok(Some(results)) => {
                         fits.fetch_add(1, Ordering::Relaxed);
-                        found.first.get_or_insert((pos, results));
+                        if found.first.is_none() {
+                            found.first = Some((pos, results.clone()));
+                        }
                         Verdict::Fits
                     }
                     Ok(None) => Verdict::No,
                     Err(_) => Verdict::Error,
                 };
-                found.verdicts.push((pos, v));
+                found.verdicts.push((pos, v, computed));
             }
         }
         found
     }
+
+    /// Filter on node `i`: the remembered outcome, or the allocator's (and whether computed).
+    fn outcome<'r>(
+        &'r self,
+        i: usize,
+        nodes: &'r [SimNode],
+        claims: &'r [ResourceClaim],
+    ) -> (Arc<Outcome>, bool) {
+        let shape = (claims.as_ptr() as usize, claims.len());
+        if let Some(o) = &self.outcomes
+            && let Some((_, _, hit)) = o.borrow()[i].iter().find(|(a, l, _)| (*a, *l) == shape)
+        {
+            return (hit.clone(), false);
+        }
+        let outcome = Arc::new(match &self.kept {
+            Some(k) => self.alloc.allocate_kept(&nodes[i], claims, k),
+            None => self.alloc.allocate(&nodes[i], claims),
+        });
+        if let Some(o) = &self.outcomes {
+            o.borrow_mut()[i].push((shape.0, shape.1, outcome.clone()));
+        }
+        (outcome, true)
+    }
+}
+
+fn fresh(nodes: usize) -> RefCell<Vec<Remembered>> {
+    RefCell::new(vec![Vec::new(); nodes])
 }
 
 /// The kinds of pod in a benchmark mix, each one claim, as `(name, claim)`.

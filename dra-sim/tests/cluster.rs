@@ -127,8 +127,8 @@ fn whole_gpu_pods_land_where_allocating_from_scratch_puts_them() {
 }
 
 /// Above 100 nodes the scheduler stops at the 100th feasible node and starts the next pod where
-/// it stopped: the run with what it keeps between Filter calls, on one thread or on three, must
-/// place every pod as the run without it does.
+/// it stopped: the run with what it keeps between Filter calls, on one thread or on three, and
+/// remembering outcomes, must place every pod as the run without it does.
 fn same_as_without_kept(whole_gpus_only: bool) {
     let mut objs = input::Objects::default();
     for (name, text) in cli::EMBEDDED_CLASSES {
@@ -154,7 +154,7 @@ fn same_as_without_kept(whole_gpus_only: bool) {
     let kinds = pod_kinds(whole_gpus_only);
     let claims: Vec<Vec<ResourceClaim>> = kinds.iter().map(|(_, c)| vec![c.clone()]).collect();
     let seq = pod_sequence(BIG_PODS, kinds.len());
-    let run = |kept: bool, threads: usize| {
+    let run = |kept: bool, threads: usize, remember: bool| {
         let cache = Arc::new(DeviceCache::new(&objs.slices));
         let mut run = ClusterRun::new(
             &objs.classes,
@@ -167,18 +167,33 @@ fn same_as_without_kept(whole_gpus_only: bool) {
             run = run.without_kept();
         }
         run = run.with_threads(threads);
+        if remember {
+            run = run.remember_outcomes();
+        }
         let out: Vec<Placement> = seq.iter().map(|&k| run.schedule(&claims[k])).collect();
-        (out, run.stats.filter_calls)
+        (out, (run.stats.filter_calls, run.stats.computed))
     };
-    let (slow, slow_calls) = run(false, 1);
-    let (fast, fast_calls) = run(true, 1);
-    let (threaded, threaded_calls) = run(true, 3);
+    let (slow, slow_calls) = run(false, 1, false);
+    let (fast, fast_calls) = run(true, 1, false);
+    let (threaded, threaded_calls) = run(true, 3, false);
+    let (remembered, remembered_calls) = run(true, 2, true);
     for (i, s) in slow.iter().enumerate() {
         assert_eq!(&fast[i], s, "pod {i} ({})", kinds[seq[i]].0);
         assert_eq!(&threaded[i], s, "pod {i} ({}), threads", kinds[seq[i]].0);
+        assert_eq!(
+            &remembered[i], s,
+            "pod {i} ({}), remembered",
+            kinds[seq[i]].0
+        );
     }
     assert_eq!(fast_calls, slow_calls);
     assert_eq!(threaded_calls, slow_calls);
+    assert_eq!(remembered_calls.0, slow_calls.0);
+    // most calls answered from memory, or the test says little about forgetting
+    assert!(
+        remembered_calls.1 * 2 < remembered_calls.0,
+        "{remembered_calls:?}"
+    );
     // some pods placed after others filled nodes, and some left over: counters were exercised
     let placed = fast.iter().filter(|p| p.node.is_some()).count();
     assert!(

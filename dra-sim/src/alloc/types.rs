@@ -42,7 +42,7 @@ pub(crate) struct Req<'a> {
     pub admin_access: bool,
     pub tolerations: &'a [DeviceToleration],
     pub capacity: Option<&'a CapacityRequirements>,
-    pub mode: String,
+    pub mode: &'a str,
 }
 
 impl Req<'_> {
