@@ -111,18 +111,31 @@ impl<'a> Run<'a> {
         avail
     }
 
+    /// The counters the device consumes, parsed, when the run keeps them.
+    fn parsed(&self, d: DevRef) -> Option<std::sync::Arc<[Quantity]>> {
+        let gslice = self.pools[d.pool].slices[d.slice].0;
+        self.kept?.consumption(self.a.slices, gslice, d.device)
+    }
+
     pub(super) fn check_counters(&mut self, d: DevRef) -> Result<bool, String> {
         let dev = self.device(d);
         self.available(d.pool);
+        let parsed = self.parsed(d);
         let consumed = self.consumed_counters.entry(d.pool).or_default();
         let mut res = Ok(());
+        let mut i = 0;
         'add: for cc in dev.consumes_counters.iter().flatten() {
             if !consumed.contains_key(&cc.counter_set) {
                 consumed.insert(cc.counter_set.clone(), BTreeMap::new());
             }
             let set = consumed.get_mut(&cc.counter_set).expect("inserted");
             for (n, c) in &cc.counters {
-                let q = Quantity::parse(&c.value.0).and_then(|q| match set.get_mut(n) {
+                let q = match &parsed {
+                    Some(p) => Ok(p[i]),
+                    None => Quantity::parse(&c.value.0),
+                };
+                i += 1;
+                let q = q.and_then(|q| match set.get_mut(n) {
                     Some(e) => e.add(&q).map(|x| *e = x),
                     None => {
                         set.insert(n.clone(), q);
@@ -165,13 +178,23 @@ impl<'a> Run<'a> {
 
     pub(super) fn release_counters(&mut self, d: DevRef) {
         let dev = self.device(d);
+        let parsed = self.parsed(d);
         if let Some(consumed) = self.consumed_counters.get_mut(&d.pool) {
+            let mut i = 0;
             for cc in dev.consumes_counters.iter().flatten() {
-                if let Some(set) = consumed.get_mut(&cc.counter_set) {
-                    for (n, c) in &cc.counters {
-                        if let (Some(e), Ok(q)) = (set.get_mut(n), Quantity::parse(&c.value.0)) {
-                            *e = e.sub(&q).unwrap_or(*e);
-                        }
+                let set = consumed.get_mut(&cc.counter_set);
+                let Some(set) = set else {
+                    i += cc.counters.len();
+                    continue;
+                };
+                for (n, c) in &cc.counters {
+                    let q = match &parsed {
+                        Some(p) => Ok(p[i]),
+                        None => Quantity::parse(&c.value.0),
+                    };
+                    i += 1;
+                    if let (Some(e), Ok(q)) = (set.get_mut(n), q) {
+                        *e = e.sub(&q).unwrap_or(*e);
                     }
                 }
             }

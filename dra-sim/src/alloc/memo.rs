@@ -3,12 +3,18 @@
 //! - each node's gathered pools: they depend on the slices and the node only;
 //! - each pool's counters left after the allocated claims, dropped for the pools an allocation
 //!   touches ([`Kept::allocated`]);
-//! - the outcome of a claim's selectors on each device: selectors read the device only.
+//! - the outcome of a claim's and a class's selectors on each device: selectors read the
+//!   device only; and of the capacity check on a device nothing holds: it reads the request and
+//!   the device only;
+//! - each device's counter consumption, parsed.
+//!
+//! The claims and classes must outlive the `Kept`: their addresses name them.
 //!
 //! Each is what the allocator would compute anew on the call, so the outcomes do not change.
 use super::allocator::Allocator;
 use super::pools::{Pool, gather_pools};
 use super::types::{Counters, FastMap, SharedCounters, SimNode};
+use crate::cel::value::quantity::Quantity;
 use k8s_openapi::api::resource::v1::{AllocationResult, ResourceSlice};
 use std::cell::RefCell;
 use std::sync::Arc;
@@ -22,6 +28,9 @@ struct PoolPlan {
     not_targeting: Vec<(usize, i64)>,
     counter_sets: Arc<Counters>,
 }
+
+/// A device's counter consumption, parsed.
+type Parsed = Arc<[Quantity]>;
 
 /// A node's pools, or why gathering them failed.
 type Gathered = Result<Vec<PoolPlan>, String>;
@@ -58,8 +67,11 @@ pub struct Kept {
     pools: RefCell<FastMap<String, Arc<Gathered>>>,
     /// by the pool's id hash: each node's view of the pool
     avail: RefCell<FastMap<u64, Vec<Arc<KeptAvail>>>>,
-    /// (selectors' address, their number, global slice) -> per device: 0 unknown, 1 no, 2 yes
+    /// (selectors' address, their number, global slice) -> per device: 0 unknown, 1 no, 2 yes;
+    /// also (capacity request's address, `CAPACITY_KEY`, global slice)
     selected: RefCell<FastMap<(usize, usize, usize), Vec<u8>>>,
+    /// (global slice, device) -> each counter it consumes, parsed, in the slice's order
+    consumption: RefCell<FastMap<(usize, usize), Parsed>>,
 }
 
 impl Kept {
@@ -138,6 +150,34 @@ impl Kept {
         if let Some(x) = v.get_mut(device) {
             *x = if ok { 2 } else { 1 };
         }
+    }
+}
+
+impl Kept {
+    /// The counters device `device` of global slice `slice` consumes, parsed in order (`None`
+    /// when one does not parse: the caller parses and reports it).
+    pub(super) fn consumption(
+        &self,
+        slices: &[ResourceSlice],
+        slice: usize,
+        device: usize,
+    ) -> Option<Parsed> {
+        if let Some(c) = self.consumption.borrow().get(&(slice, device)) {
+            return Some(c.clone());
+        }
+        let dev = &slices[slice].spec.devices.as_ref()?[device];
+        let parsed: Result<Vec<Quantity>, String> = dev
+            .consumes_counters
+            .iter()
+            .flatten()
+            .flat_map(|cc| cc.counters.values())
+            .map(|c| Quantity::parse(&c.value.0))
+            .collect();
+        let parsed: Parsed = parsed.ok()?.into();
+        self.consumption
+            .borrow_mut()
+            .insert((slice, device), parsed.clone());
+        Some(parsed)
     }
 }
 

@@ -15,6 +15,12 @@ use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaim}
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
+/// Marks a kept outcome as the capacity check's rather than selectors' (no selector list is this
+/// long).
+const CAPACITY_KEY: usize = usize::MAX;
+/// The same for a class's selectors, the key's address being the class's.
+const CLASS_KEY: usize = usize::MAX - 1;
+
 /// One attempt at allocating a pod's claims on one node.
 pub(crate) struct Run<'a> {
     pub a: &'a Allocator<'a>,
@@ -156,7 +162,10 @@ impl<'a> Run<'a> {
         if let Some(class) = rd.class {
             let cname = class.metadata.name.as_deref().unwrap_or("");
             let gslice = self.pools[d.pool].slices[d.slice].0;
-            let ok = match self.a.class_result(gslice, d.device, cname) {
+            // the run's own copy first: no lock, no name compared
+            let kkey = (class as *const DeviceClass as usize, CLASS_KEY, gslice);
+            let kept = self.kept.and_then(|k| k.selected(kkey, d.device));
+            let ok = match kept.or_else(|| self.a.class_result(gslice, d.device, cname)) {
                 Some(ok) => ok,
                 None => {
                     let sels = class_spec(class).selectors.as_deref().unwrap_or(&[]);
@@ -165,6 +174,12 @@ impl<'a> Run<'a> {
                     ok
                 }
             };
+            if let Some(k) = self.kept
+                && kept.is_none()
+            {
+                let n = self.pools[d.pool].devices(d.slice).len();
+                k.keep_selected(kkey, n, d.device, ok);
+            }
             if !ok {
                 self.matches.insert((d, key), false);
                 return Ok(false);
@@ -251,8 +266,25 @@ impl<'a> Run<'a> {
     ) -> Result<bool, String> {
         let dev = self.device(d);
         let caps = dev.capacity.as_ref();
+        let held = !empty && self.maybe_allocated(d);
+        let allocating = if empty {
+            None
+        } else {
+            self.allocating_capacity.get(&d)
+        };
+        // nothing held or being allocated: the answer depends on the request and the device only
+        let kept = self.kept.filter(|_| !held && allocating.is_none());
+        let key = kept.map(|_| {
+            let addr = req.capacity.map_or(0, |c| c as *const _ as usize);
+            (addr, CAPACITY_KEY, self.pools[d.pool].slices[d.slice].0)
+        });
+        if let (Some(k), Some(key)) = (kept, key)
+            && let Some(ok) = k.selected(key, d.device)
+        {
+            return Ok(ok);
+        }
         // the owned id (three strings) only when the index says the device may hold shares
-        let current: BTreeMap<String, Quantity> = if empty || !self.maybe_allocated(d) {
+        let current: BTreeMap<String, Quantity> = if !held {
             BTreeMap::new()
         } else {
             let id = self.device_id(d);
@@ -263,12 +295,12 @@ impl<'a> Run<'a> {
                 .cloned()
                 .unwrap_or_default()
         };
-        let allocating = if empty {
-            None
-        } else {
-            self.allocating_capacity.get(&d)
-        };
-        capacity::cmp_request_over_capacity(&current, req.capacity, caps, allocating).map_err(|e| {
+        let fits = capacity::cmp_request_over_capacity(&current, req.capacity, caps, allocating);
+        if let (Some(k), Some(key), Ok(ok)) = (kept, key, &fits) {
+            let n = self.pools[d.pool].devices(d.slice).len();
+            k.keep_selected(key, n, d.device, *ok);
+        }
+        fits.map_err(|e| {
             let id = self.device_id(d);
             format!(
                 "claim {}, request {}: checking capacity for device {}/{}/{}: {e}",
