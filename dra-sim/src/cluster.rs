@@ -195,11 +195,38 @@ impl<'a> ClusterRun<'a> {
     /// allocator keys compiled selectors by the selector text's address.
     pub fn schedule(&mut self, claims: &'a [ResourceClaim]) -> Placement {
         let n = self.nodes.len();
+        let start = self.next_start;
+        let mut found = self.filter_all(claims);
+        let processed = self.count(&mut found);
+        if n > 0 {
+            self.next_start = (self.next_start + processed) % n;
+        }
+        let chosen = found
+            .into_iter()
+            .filter_map(|f| f.first)
+            .min_by_key(|(pos, _)| *pos);
+        let Some((pos, results)) = chosen else {
+            self.stats.unschedulable += 1;
+            return Placement {
+                node: None,
+                results: vec![],
+            };
+        };
+        let node = (start + pos) % n;
+        self.place(node, &results);
+        Placement {
+            node: Some(node),
+            results,
+        }
+    }
+
+    /// Filter over the visit order from `next_start`, on every worker's thread at once.
+    fn filter_all(&mut self, claims: &'a [ResourceClaim]) -> Vec<Found> {
         let (nodes, start, to_find) = (self.nodes, self.next_start, self.to_find);
         let cursor = AtomicUsize::new(0);
         let fits = AtomicUsize::new(0);
         let (first, rest) = self.workers.split_first_mut().expect("a worker");
-        let mut found = std::thread::scope(|s| {
+        std::thread::scope(|s| {
             let others: Vec<_> = rest
                 .iter_mut()
                 .map(|w| {
@@ -210,8 +237,12 @@ impl<'a> ClusterRun<'a> {
             let mut found = vec![first.filter(nodes, start, claims, to_find, &cursor, &fits)];
             found.extend(others.into_iter().map(|h| h.join().expect("Filter thread")));
             found
-        });
-        // the visit order as one thread walks it: stop at the to_find-th feasible node
+        })
+    }
+
+    /// Counts the calls as one thread walking the visit order makes them, stopping at the
+    /// `to_find`-th feasible node; returns the number of nodes processed.
+    fn count(&mut self, found: &mut [Found]) -> usize {
         let mut verdicts: Vec<(usize, Verdict, bool)> = found
             .iter_mut()
             .flat_map(|f| f.verdicts.drain(..))
@@ -228,50 +259,33 @@ impl<'a> ClusterRun<'a> {
                 Verdict::No => {}
                 Verdict::Error => self.stats.filter_errors += 1,
             }
-            if feasible >= to_find {
+            if feasible >= self.to_find {
                 break;
             }
         }
-        if n > 0 {
-            self.next_start = (self.next_start + processed) % n;
-        }
-        let chosen = found
-            .into_iter()
-            .filter_map(|f| f.first)
-            .min_by_key(|(pos, _)| *pos);
-        match chosen {
-            Some((pos, results)) => {
-                let node = (start + pos) % n;
-                for w in &mut self.workers {
-                    for r in &results {
-                        w.alloc.allocated.add(r);
-                        if let Some(k) = &w.kept {
-                            k.allocated(r);
-                        }
-                    }
-                    if let Some(o) = &w.outcomes {
-                        let mut o = o.borrow_mut();
-                        if self.isolated {
-                            o[node].clear();
-                        } else {
-                            o.iter_mut().for_each(Vec::clear);
-                        }
-                    }
-                }
-                self.stats.placed += 1;
-                Placement {
-                    node: Some(node),
-                    results,
+        processed
+    }
+
+    /// The pod's allocation counted as in use by every worker, and what they remember of the
+    /// node (or of every node) forgotten.
+    fn place(&mut self, node: usize, results: &[AllocationResult]) {
+        for w in &mut self.workers {
+            for r in results {
+                w.alloc.allocated.add(r);
+                if let Some(k) = &w.kept {
+                    k.allocated(r);
                 }
             }
-            None => {
-                self.stats.unschedulable += 1;
-                Placement {
-                    node: None,
-                    results: vec![],
+            if let Some(o) = &w.outcomes {
+                let mut o = o.borrow_mut();
+                if self.isolated {
+                    o[node].clear();
+                } else {
+                    o.iter_mut().for_each(Vec::clear);
                 }
             }
         }
+        self.stats.placed += 1;
     }
 }
 
