@@ -23,7 +23,9 @@
 //!    scheduled one after another onto the N nodes as kube-scheduler would, allocations carried
 //!    over. The Go allocator is not run there (the oracle has no per-node loop over a changing
 //!    state); `--go-per-filter-s S` (the Go allocator's one-pod seconds ÷ nodes, from figure 2)
-//!    adds an estimate, labelled as one: S × the same number of Filter calls.
+//!    adds an estimate, labelled as one: S × the same number of Filter calls (`make bench-sim`
+//!    takes S from its first command's Go figure). A third run of the mix remembers each node's
+//!    Filter outcomes until the node changes (`ClusterRun::remember_outcomes`).
 //!
 //! Usage: sim-bench [--nodes N] [--pods P] [--oracle PATH] [--warm-only|--cold-only]
 //!        [--cluster PODS [--go-per-filter-s S]]   (builds the oracle with
