@@ -42,7 +42,7 @@ bench-plugin:
 ## The cluster run's Go estimate takes the Go allocator's one-pod seconds over the same 5,000
 ## nodes from the first command (÷ 5,000: its cost per Filter call).
 bench-sim:
-	set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10 | \
+	mkdir -p target; set -o pipefail; cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --pods 10 | \
 	  tee target/sim-bench-pod.txt | python3 tools/perf-table.py docs/perf.md
 	set -o pipefail; S=$$(awk '/^alloc: go /{print $$3 / 5000}' target/sim-bench-pod.txt); \
 	  cargo run --release -p dra-sim --bin sim-bench -- --nodes 5000 --cluster 5000 \
