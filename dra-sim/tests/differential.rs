@@ -35,6 +35,8 @@
 //! One file over 600 lines on purpose: the case grammar and the comparison with the oracle
 //! belong together; the CEL-only test lives in modules of this same test binary, which builds
 //! the oracle once for both.
+#[path = "differential/cel_bench.rs"]
+mod cel_bench;
 #[path = "differential/cel_cases.rs"]
 mod cel_cases;
 #[path = "differential/cel_grammar.rs"]

@@ -88,7 +88,7 @@ impl AllocatedState {
 }
 
 /// A hash of a pool's or a device's id; the separators keep ("a", "bc") apart from ("ab", "c").
-fn id_hash(driver: &str, pool: &str, device: Option<&str>) -> u64 {
+pub(super) fn id_hash(driver: &str, pool: &str, device: Option<&str>) -> u64 {
     use std::hash::{Hash, Hasher};
     // SipHash with fixed keys: strings hash well, and the same on every run
     let mut h = std::collections::hash_map::DefaultHasher::new();

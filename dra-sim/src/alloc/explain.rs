@@ -41,7 +41,7 @@ impl<'a> Allocator<'a> {
             }
         };
         let pool_problems = pool_problems(&pools);
-        let mut run = Run::new(self, node, claims, pools);
+        let mut run = Run::new(self, node, claims, pools, None);
         if let Err(e) = run.prepare() {
             out.push(StageCounts {
                 errors: vec![e],

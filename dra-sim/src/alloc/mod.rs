@@ -11,13 +11,15 @@
 //! classes and caches), `pools` (pool gathering), `capacity`, `constraints` and `taints` (checks
 //! on one device), `run` (one attempt on one node and its per-device checks), `prepare` (requests
 //! and constraints normalized), `counters` (shared counters), `results` (the `AllocationResult`s),
-//! `search` (the entry point [`Allocator::allocate`]) and `explain` ([`Allocator::explain`]).
+//! `search` (the entry point [`Allocator::allocate`]), `explain` ([`Allocator::explain`]) and
+//! `memo` (what a run over many pods keeps between calls).
 mod allocator;
 pub mod capacity;
 mod constraints;
 mod counters;
 pub mod explain;
 mod facts;
+mod memo;
 mod pools;
 mod prepare;
 mod results;
@@ -28,6 +30,7 @@ mod types;
 
 pub use allocator::{AllocatedState, Allocator};
 pub use facts::{DeviceCache, SliceFacts};
+pub use memo::Kept;
 pub use pools::{Pool, node_matches};
 pub(crate) use types::claim_name;
 pub use types::{ALLOCATION_RESULTS_MAX_SIZE, DevRef, DeviceId, Outcome, SimNode};

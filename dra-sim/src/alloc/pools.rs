@@ -1,8 +1,7 @@
 //! Pool gathering (`pools_incubating.go`): node filtering, highest generation, completeness,
 //! validity, ordering by (driver, pool) and slices by name.
 use super::allocator::Allocator;
-use super::types::{Counters, SimNode};
-use crate::cel::value::quantity::Quantity;
+use super::types::{Counters, SharedCounters, SimNode};
 use k8s_openapi::api::core::v1::NodeSelector;
 use k8s_openapi::api::resource::v1::{Device, ResourceSlice};
 use std::borrow::Cow;
@@ -17,8 +16,10 @@ pub struct Pool<'a> {
     pub slices: Vec<(usize, i64)>,
     pub not_targeting: Vec<(usize, i64)>,
     /// Borrowed from the device cache when one slice holds them all (the usual case).
-    pub counter_sets: Cow<'a, BTreeMap<String, BTreeMap<String, Quantity>>>,
-    all: &'a [ResourceSlice],
+    pub counter_sets: SharedCounters<'a>,
+    /// a slice of the pool (for its driver and pool name)
+    pub(super) rep: usize,
+    pub(super) all: &'a [ResourceSlice],
 }
 
 impl<'a> Pool<'a> {
@@ -245,7 +246,8 @@ fn complete_pool<'a>(a: &'a Allocator<'a>, id: PoolId<'a>, sl: &[usize]) -> Opti
                 invalid: None,
                 slices: vec![],
                 not_targeting: vec![],
-                counter_sets: Cow::Owned(BTreeMap::new()),
+                counter_sets: SharedCounters::Owned(BTreeMap::new()),
+                rep: sl[0],
                 all,
             }
         } else {
@@ -305,7 +307,8 @@ fn build_pool<'a>(
             }
         }
     }
-    let mk = |invalid: Option<String>, counter_sets: Cow<'a, _>| Pool {
+    let rep = slices[0];
+    let mk = |invalid: Option<String>, counter_sets: Cow<'a, Counters>| Pool {
         driver: id.0,
         name: id.1,
         incomplete: false,
@@ -318,7 +321,11 @@ fn build_pool<'a>(
             .iter()
             .map(|i| (*i, all[*i].spec.pool.generation))
             .collect(),
-        counter_sets,
+        counter_sets: match counter_sets {
+            Cow::Borrowed(c) => SharedCounters::Borrowed(c),
+            Cow::Owned(c) => SharedCounters::Owned(c),
+        },
+        rep,
         all,
     };
     match counter_sets(a, &device_slices, &counter_slices, &not_targeting) {

@@ -54,10 +54,7 @@ impl<'a> Run<'a> {
                     parent: Some(&request.name),
                     class_name: &sub.device_class_name,
                     selectors: sub.selectors.as_deref().unwrap_or(&[]),
-                    mode: sub
-                        .allocation_mode
-                        .clone()
-                        .unwrap_or_else(|| "ExactCount".into()),
+                    mode: sub.allocation_mode.as_deref().unwrap_or("ExactCount"),
                     all: sub.allocation_mode.as_deref() == Some("All"),
                     count: sub.count.unwrap_or(1),
                     admin_access: false,
@@ -87,10 +84,7 @@ impl<'a> Run<'a> {
                 parent: None,
                 class_name: &ex.device_class_name,
                 selectors: ex.selectors.as_deref().unwrap_or(&[]),
-                mode: ex
-                    .allocation_mode
-                    .clone()
-                    .unwrap_or_else(|| "ExactCount".into()),
+                mode: ex.allocation_mode.as_deref().unwrap_or("ExactCount"),
                 all: ex.allocation_mode.as_deref() == Some("All"),
                 count: ex.count.unwrap_or(1),
                 admin_access: ex.admin_access.unwrap_or(false),
@@ -143,7 +137,7 @@ impl<'a> Run<'a> {
             all_devices: Vec::new(),
             selected_sub: 0,
         };
-        match rd.req.mode.as_str() {
+        match rd.req.mode {
             "ExactCount" => {
                 rd.num_devices = usize::try_from(rd.req.count.max(0)).unwrap_or(usize::MAX);
             }

@@ -4,15 +4,22 @@
 use super::allocator::Allocator;
 use super::capacity;
 use super::constraints::Constraint;
+use super::memo::{Kept, KeptAvail};
 use super::pools::{Pool, node_matches};
 use super::types::{
-    Counters, DevRef, DeviceId, FastMap, Req, ReqData, ReqKey, SimNode, claim_name, class_spec,
+    Counters, DevRef, DeviceId, FastMap, Req, ReqData, ReqKey, SharedCounters, SimNode, claim_name,
+    class_spec,
 };
 use crate::cel::{self, value::quantity::Quantity};
 use k8s_openapi::api::resource::v1::{DeviceClass, DeviceSelector, ResourceClaim};
-use std::borrow::Cow;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+
+/// Marks a kept outcome as the capacity check's rather than selectors' (no selector list is this
+/// long).
+const CAPACITY_KEY: usize = usize::MAX;
+/// The same for a class's selectors, the key's address being the class's.
+const CLASS_KEY: usize = usize::MAX - 1;
 
 /// One attempt at allocating a pod's claims on one node.
 pub(crate) struct Run<'a> {
@@ -26,7 +33,12 @@ pub(crate) struct Run<'a> {
     pub(super) allocating: FastMap<DevRef, Vec<usize>>,
     pub(super) allocating_capacity: FastMap<DevRef, BTreeMap<String, Quantity>>,
     pub(super) consumed_counters: FastMap<usize, Counters>,
-    pub(super) available_counters: FastMap<usize, Cow<'a, Counters>>,
+    pub(super) available_counters: FastMap<usize, SharedCounters<'a>>,
+    /// per pool, the counter sets of which more is consumed than is available
+    pub(super) overdrawn: FastMap<usize, BTreeSet<String>>,
+    pub(super) kept: Option<&'a Kept>,
+    /// per pool, what `kept` holds of it (loaded by `load_kept`)
+    pub(super) kept_pools: Vec<Option<Arc<KeptAvail>>>,
     pub(super) results: Vec<Vec<ResultDev<'a>>>,
     pub(super) share_seq: u64,
 }
@@ -48,6 +60,7 @@ impl<'a> Run<'a> {
         node: &'a SimNode,
         claims: &'a [ResourceClaim],
         pools: Vec<Pool<'a>>,
+        kept: Option<&'a Kept>,
     ) -> Self {
         Run {
             a,
@@ -61,6 +74,9 @@ impl<'a> Run<'a> {
             allocating_capacity: FastMap::default(),
             consumed_counters: FastMap::default(),
             available_counters: FastMap::default(),
+            overdrawn: FastMap::default(),
+            kept,
+            kept_pools: Vec::new(),
             results: claims.iter().map(|_| Vec::new()).collect(),
             share_seq: 0,
         }
@@ -146,7 +162,10 @@ impl<'a> Run<'a> {
         if let Some(class) = rd.class {
             let cname = class.metadata.name.as_deref().unwrap_or("");
             let gslice = self.pools[d.pool].slices[d.slice].0;
-            let ok = match self.a.class_result(gslice, d.device, cname) {
+            // the run's own copy first: no lock, no name compared
+            let kkey = (class as *const DeviceClass as usize, CLASS_KEY, gslice);
+            let kept = self.kept.and_then(|k| k.selected(kkey, d.device));
+            let ok = match kept.or_else(|| self.a.class_result(gslice, d.device, cname)) {
                 Some(ok) => ok,
                 None => {
                     let sels = class_spec(class).selectors.as_deref().unwrap_or(&[]);
@@ -155,12 +174,18 @@ impl<'a> Run<'a> {
                     ok
                 }
             };
+            if let Some(k) = self.kept
+                && kept.is_none()
+            {
+                let n = self.pools[d.pool].devices(d.slice).len();
+                k.keep_selected(kkey, n, d.device, ok);
+            }
             if !ok {
                 self.matches.insert((d, key), false);
                 return Ok(false);
             }
         }
-        if !self.selectors_match(key, d, None, rd.req.selectors)? {
+        if !self.claim_selectors_match(key, rd, d)? {
             self.matches.insert((d, key), false);
             return Ok(false);
         }
@@ -183,19 +208,49 @@ impl<'a> Run<'a> {
         Ok(true)
     }
 
+    /// The claim's own selectors on the device, from what is kept when a run keeps outcomes
+    /// (the claims outlive it, so their selectors' address names them).
+    fn claim_selectors_match(
+        &self,
+        key: ReqKey,
+        rd: &ReqData<'a>,
+        d: DevRef,
+    ) -> Result<bool, String> {
+        let sels = rd.req.selectors;
+        let Some(kept) = self.kept.filter(|_| !sels.is_empty()) else {
+            return self.selectors_match(key, d, None, sels);
+        };
+        let gslice = self.pools[d.pool].slices[d.slice].0;
+        let k = (sels.as_ptr() as usize, sels.len(), gslice);
+        if let Some(ok) = kept.selected(k, d.device) {
+            return Ok(ok);
+        }
+        let ok = self.selectors_match(key, d, None, sels)?;
+        let n = self.pools[d.pool].devices(d.slice).len();
+        kept.keep_selected(k, n, d.device, ok);
+        Ok(ok)
+    }
+
     pub(super) fn in_use(&self, d: DevRef) -> bool {
         if self.allocating.get(&d).is_some_and(|v| !v.is_empty()) {
             return true;
         }
-        let p = &self.pools[d.pool];
-        if !self
-            .a
-            .allocated
-            .maybe_used(p.driver, p.name, &self.device(d).name)
-        {
+        if !self.maybe_allocated(d) {
             return false;
         }
         self.a.allocated.devices.contains(&self.device_id(d))
+    }
+
+    /// Whether an allocated claim may hold the device (false: certainly none does), from what
+    /// the run keeps of the pool when it keeps it, else from the allocated state's index.
+    pub(super) fn maybe_allocated(&self, d: DevRef) -> bool {
+        if let Some(Some(k)) = self.kept_pools.get(d.pool) {
+            return k.used(self.pools[d.pool].slices[d.slice].0, d.device);
+        }
+        let p = &self.pools[d.pool];
+        self.a
+            .allocated
+            .maybe_used(p.driver, p.name, &self.device(d).name)
     }
 
     pub(super) fn allocating_for_claim(&self, d: DevRef, claim: usize) -> bool {
@@ -211,26 +266,41 @@ impl<'a> Run<'a> {
     ) -> Result<bool, String> {
         let dev = self.device(d);
         let caps = dev.capacity.as_ref();
-        let p = &self.pools[d.pool];
-        // the owned id (three strings) only when the index says the device may hold shares
-        let current: BTreeMap<String, Quantity> =
-            if empty || !self.a.allocated.maybe_used(p.driver, p.name, &dev.name) {
-                BTreeMap::new()
-            } else {
-                let id = self.device_id(d);
-                self.a
-                    .allocated
-                    .capacity
-                    .get(&id)
-                    .cloned()
-                    .unwrap_or_default()
-            };
+        let held = !empty && self.maybe_allocated(d);
         let allocating = if empty {
             None
         } else {
             self.allocating_capacity.get(&d)
         };
-        capacity::cmp_request_over_capacity(&current, req.capacity, caps, allocating).map_err(|e| {
+        // nothing held or being allocated: the answer depends on the request and the device only
+        let kept = self.kept.filter(|_| !held && allocating.is_none());
+        let key = kept.map(|_| {
+            let addr = req.capacity.map_or(0, |c| c as *const _ as usize);
+            (addr, CAPACITY_KEY, self.pools[d.pool].slices[d.slice].0)
+        });
+        if let (Some(k), Some(key)) = (kept, key)
+            && let Some(ok) = k.selected(key, d.device)
+        {
+            return Ok(ok);
+        }
+        // the owned id (three strings) only when the index says the device may hold shares
+        let current: BTreeMap<String, Quantity> = if !held {
+            BTreeMap::new()
+        } else {
+            let id = self.device_id(d);
+            self.a
+                .allocated
+                .capacity
+                .get(&id)
+                .cloned()
+                .unwrap_or_default()
+        };
+        let fits = capacity::cmp_request_over_capacity(&current, req.capacity, caps, allocating);
+        if let (Some(k), Some(key), Ok(ok)) = (kept, key, &fits) {
+            let n = self.pools[d.pool].devices(d.slice).len();
+            k.keep_selected(key, n, d.device, *ok);
+        }
+        fits.map_err(|e| {
             let id = self.device_id(d);
             format!(
                 "claim {}, request {}: checking capacity for device {}/{}/{}: {e}",

@@ -3,6 +3,7 @@
 use super::allocator::Allocator;
 use super::capacity;
 use super::constraints::{constraint_add, constraint_remove};
+use super::memo::Kept;
 use super::pools;
 use super::run::{ResultDev, Run};
 use super::taints::taint_prevents;
@@ -19,7 +20,26 @@ impl<'a> Allocator<'a> {
         let slices_for_node = self.slices_for_node(node);
         let pools = pools::gather_pools(self, &slices_for_node, node)
             .map_err(|e| format!("gather pool information: {e}"))?;
-        let mut run = Run::new(self, node, claims, pools);
+        self.search(Run::new(self, node, claims, pools, None))
+    }
+
+    /// Like [`Allocator::allocate`], with what `kept` holds from earlier calls over the same
+    /// slices, classes and nodes (see [`Kept`]); `kept` must be told of every allocation added.
+    pub fn allocate_kept(
+        &'a self,
+        node: &'a SimNode,
+        claims: &'a [ResourceClaim],
+        kept: &'a Kept,
+    ) -> Outcome {
+        let pools = kept
+            .pools(self, node)
+            .map_err(|e| format!("gather pool information: {e}"))?;
+        let mut run = Run::new(self, node, claims, pools, Some(kept));
+        run.load_kept();
+        self.search(run)
+    }
+
+    fn search(&'a self, mut run: Run<'a>) -> Outcome {
         run.prepare()?;
         match run.allocate_one(Idx::default(), false, Loc::default()) {
             Ok(true) => {}
@@ -369,8 +389,7 @@ impl<'a> Run<'a> {
         let dev = self.device(d);
         // the owned id (three strings) only when the index says the device may be shared
         let shared_before = || {
-            let p = &self.pools[d.pool];
-            if !self.a.allocated.maybe_used(p.driver, p.name, &dev.name) {
+            if !self.maybe_allocated(d) {
                 return false;
             }
             let id = self.device_id(d);

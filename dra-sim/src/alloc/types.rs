@@ -42,7 +42,7 @@ pub(crate) struct Req<'a> {
     pub admin_access: bool,
     pub tolerations: &'a [DeviceToleration],
     pub capacity: Option<&'a CapacityRequirements>,
-    pub mode: String,
+    pub mode: &'a str,
 }
 
 impl Req<'_> {
@@ -73,6 +73,54 @@ pub struct DevRef {
 
 /// counter set -> counter -> quantity
 pub(super) type Counters = BTreeMap<String, BTreeMap<String, Quantity>>;
+
+/// Counter sets borrowed from the slice facts, shared with what a long run keeps between Filter
+/// calls (see `memo`), or owned once changed.
+pub enum SharedCounters<'a> {
+    Borrowed(&'a Counters),
+    Shared(std::sync::Arc<Counters>),
+    Owned(Counters),
+}
+
+impl std::ops::Deref for SharedCounters<'_> {
+    type Target = Counters;
+    fn deref(&self) -> &Counters {
+        match self {
+            SharedCounters::Borrowed(c) => c,
+            SharedCounters::Shared(c) => c,
+            SharedCounters::Owned(c) => c,
+        }
+    }
+}
+
+impl SharedCounters<'_> {
+    /// The sets to change, copied first unless owned already.
+    pub fn to_mut(&mut self) -> &mut Counters {
+        if !matches!(self, SharedCounters::Owned(_)) {
+            *self = SharedCounters::Owned((**self).clone());
+        }
+        match self {
+            SharedCounters::Owned(c) => c,
+            _ => unreachable!("made owned above"),
+        }
+    }
+
+    /// Another handle on the same sets: a copy only of owned ones.
+    pub fn share(&self) -> Self {
+        match self {
+            SharedCounters::Borrowed(c) => SharedCounters::Borrowed(c),
+            SharedCounters::Shared(c) => SharedCounters::Shared(c.clone()),
+            SharedCounters::Owned(c) => SharedCounters::Owned(c.clone()),
+        }
+    }
+
+    pub fn into_arc(self) -> std::sync::Arc<Counters> {
+        match self {
+            SharedCounters::Shared(c) => c,
+            other => std::sync::Arc::new((*other).clone()),
+        }
+    }
+}
 
 /// A small multiply-rotate hasher (FxHash-style) for the search's maps, whose keys are a few
 /// machine words; SipHash showed up in profiles.

@@ -309,7 +309,7 @@ fn pred_atom(r: &mut Rng, depth: usize) -> String {
 }
 
 /// A comparison of two terms, mostly of one family and by a relation it takes.
-fn relation(r: &mut Rng, d: usize) -> String {
+pub fn relation(r: &mut Rng, d: usize) -> String {
     let fam = family(r);
     let ops = relation_ops(fam);
     let op = if r.coin(90) {
@@ -327,7 +327,7 @@ fn relation(r: &mut Rng, d: usize) -> String {
 
 /// One operator over one operand of every family (attribute values, quantities, literals,
 /// `dyn`): its value compared with another operand, or only whether it can be computed.
-fn operator_matrix(r: &mut Rng) -> String {
+pub fn operator_matrix(r: &mut Rng) -> String {
     let lf = *r.pick(FAMILIES);
     let rf = if r.coin(55) { lf } else { *r.pick(FAMILIES) };
     let (a, b) = (operand(r, lf), operand(r, rf));
@@ -346,7 +346,7 @@ fn operator_matrix(r: &mut Rng) -> String {
 }
 
 /// A selector that starts with a unary minus (over attribute values, literals, calls).
-fn leading_minus(r: &mut Rng) -> String {
+pub fn leading_minus(r: &mut Rng) -> String {
     let x = r.pick(&[
         "$g.cores",
         "$g.model",
@@ -382,7 +382,7 @@ fn leading_minus(r: &mut Rng) -> String {
 }
 
 /// `&&`, `||`, `!` and `?:` over operands that are not all bools (static or behind `dyn`).
-fn logical_mix(r: &mut Rng) -> String {
+pub fn logical_mix(r: &mut Rng) -> String {
     let side = |r: &mut Rng| {
         if r.coin(60) {
             operand(r, BOOLS)
@@ -400,7 +400,7 @@ fn logical_mix(r: &mut Rng) -> String {
     }
 }
 
-fn type_name(r: &mut Rng) -> &'static str {
+pub fn type_name(r: &mut Rng) -> &'static str {
     const TYPES: &[&str] = &[
         "int",
         "uint",
