@@ -135,7 +135,7 @@ impl World {
                 "rules": [{
                     "apiGroups": ["resource.k8s.io"],
                     "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
+                    "operations": ["CREATE"],
                     "resources": ["resourceclaims", "resourceclaimtemplates"],
                     "scope": "Namespaced",
                 }],

@@ -40,14 +40,17 @@ fn problems(req: &Value) -> Result<(), String> {
     if object.is_null() {
         return Ok(());
     }
-    let (devices, prefix) = match req["kind"]["kind"].as_str() {
-        Some("ResourceClaimTemplate") => (&object["spec"]["spec"]["devices"], "spec.spec.devices"),
-        _ => (&object["spec"]["devices"], "spec.devices"),
-    };
-    let Some(configs) = devices["config"].as_array() else {
+    let template = req["kind"]["kind"].as_str() == Some("ResourceClaimTemplate");
+    let (list, prefix) = configs(object, template);
+    // An update that keeps the configs (a finalizer, a label) must pass even when a config went
+    // in while the webhook was unreachable, or the claim could never be released.
+    if req["operation"] == "UPDATE" && list == configs(&req["oldObject"], template).0 {
+        return Ok(());
+    }
+    let Some(list) = list.as_array() else {
         return Ok(());
     };
-    let errors: Vec<String> = configs
+    let errors: Vec<String> = list
         .iter()
         .enumerate()
         .filter_map(|(i, c)| check(&c["opaque"], &format!("{prefix}.config[{i}].opaque")).err())
@@ -56,6 +59,18 @@ fn problems(req: &Value) -> Result<(), String> {
         Ok(())
     } else {
         Err(errors.join("; "))
+    }
+}
+
+/// The object's `devices.config` list (null when absent), and its path.
+fn configs(object: &Value, template: bool) -> (&Value, &'static str) {
+    if template {
+        (
+            &object["spec"]["spec"]["devices"]["config"],
+            "spec.spec.devices",
+        )
+    } else {
+        (&object["spec"]["devices"]["config"], "spec.devices")
     }
 }
 

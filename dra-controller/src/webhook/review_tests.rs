@@ -179,3 +179,25 @@ fn parameters_that_are_not_an_object_are_refused() {
         "{message}"
     );
 }
+
+#[test]
+fn an_update_that_keeps_the_configs_passes_even_when_they_are_bad() {
+    let bad = vec![gpu(time_slicing("Timeslicing"))];
+    let mut update = claim_request(bad.clone());
+    update["request"]["operation"] = json!("UPDATE");
+    update["request"]["oldObject"] = update["request"]["object"].clone();
+    update["request"]["object"]["metadata"] = json!({"finalizers": []});
+    assert!(
+        verdict(&review(&update)).0,
+        "a finalizer change is not refused"
+    );
+    // An update that brings a bad config in is checked (were the spec ever mutable).
+    update["request"]["oldObject"]["spec"]["devices"]["config"] = json!([]);
+    assert!(!verdict(&review(&update)).0);
+    let mut template = template_request(bad);
+    template["request"]["oldObject"] = template["request"]["object"].clone();
+    assert!(
+        verdict(&review(&template)).0,
+        "a template update keeping its configs"
+    );
+}
