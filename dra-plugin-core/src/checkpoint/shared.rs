@@ -15,7 +15,9 @@
 //! route calls to either process while both are registered, and a process without the lock could
 //! not answer them. The lock is taken once per burst, not per claim: concurrent calls of one
 //! process share it and the lock is given back when the last of them ends and no write is in
-//! flight. Without a rolling-update UID nothing of this runs (one process, no lock, no reload).
+//! flight, so a process under a stream of overlapping calls keeps it and the other waits for a
+//! gap (the kubelet sends its calls to one of the two anyway). Without a rolling-update UID nothing
+//! of this runs (one process, no lock, no reload).
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
