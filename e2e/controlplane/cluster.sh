@@ -139,11 +139,12 @@ current-context: e2e
 EOF
 
   # Controllers that need no kubelet: claims from templates, reservedFor cleanup and deallocation,
-  # garbage collection of owner-referenced objects (ResourceSlices of deleted Nodes), namespace deletion.
+  # garbage collection of owner-referenced objects (ResourceSlices of deleted Nodes), namespace deletion,
+  # ResourceQuota usage (the recount after claims go away).
   _start kube-controller-manager "$CLUSTER_BIN/kube-controller-manager" \
     --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" --leader-elect=false --secure-port=0 \
     --kube-api-qps=200 --kube-api-burst=400 \
-    --controllers=resourceclaim-controller,garbage-collector-controller,namespace-controller \
+    --controllers=resourceclaim-controller,garbage-collector-controller,namespace-controller,resourcequota-controller \
     --v=1
   _start kube-scheduler "$CLUSTER_BIN/kube-scheduler" \
     --kubeconfig="$CLUSTER_DIR/admin.kubeconfig" --leader-elect=false \

@@ -1,7 +1,7 @@
 //! `examples/quota/gpu-quota.yaml` on the real control plane: a namespace's ResourceQuota on
 //! `<class>.deviceclass.resource.k8s.io/devices` refuses the claim that would go past it, per
-//! DeviceClass. (Usage going down again after a claim is deleted is the quota controller's
-//! recount, which this control plane does not run.)
+//! DeviceClass, and kube-controller-manager's quota controller gives the room back when a claim is
+//! deleted.
 //!
 //! `E2E_TEST_TARGETS="--test quota" bash e2e/run.sh`; without `E2E_KUBECONFIG` it prints SKIP.
 use std::path::Path;
@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use e2e::env::{client_from_env, yaml_docs};
 use k8s_openapi::api::core::v1::{Namespace, ResourceQuota};
 use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, PostParams};
 use serde_json::json;
 
 const NS: &str = "e2e-quota";
@@ -41,16 +41,8 @@ async fn body(client: &kube::Client) -> Result<()> {
     let quotas: Api<ResourceQuota> = Api::namespaced(client.clone(), NS);
     let quota: ResourceQuota = serde_json::from_value(doc)?;
     quotas.create(&PostParams::default(), &quota).await?;
-    // Admission counts against the quota's status. The test's control plane runs no quota
-    // controller, so the test fills the status in as that controller would for an empty namespace;
-    // admission then adds each admitted claim to `used` itself.
-    let hard = quota.spec.and_then(|s| s.hard).context("spec.hard")?;
-    let used: serde_json::Map<String, serde_json::Value> =
-        hard.keys().map(|k| (k.clone(), json!("0"))).collect();
-    let status = json!({"status": {"hard": hard, "used": used}});
-    quotas
-        .patch_status("gpus", &PatchParams::default(), &Patch::Merge(&status))
-        .await?;
+    // Admission counts against the status the quota controller fills in first.
+    wait_for_used(&quotas, GPU_KEY, "0").await?;
 
     let claims: Api<ResourceClaim> = Api::namespaced(client.clone(), NS);
     create(&claims, &claim("two-gpus", "gpu.nvidia.com", 2)?)
@@ -72,11 +64,34 @@ async fn body(client: &kube::Client) -> Result<()> {
         .map_err(anyhow::Error::msg)
         .context("four MIG devices fit their own limit")?;
 
-    let q = quotas.get("gpus").await?;
-    let used = q.status.and_then(|s| s.used).context("status.used")?;
-    let gpus = used.get("gpu.nvidia.com.deviceclass.resource.k8s.io/devices");
-    assert_eq!(gpus.map(|q| q.0.as_str()), Some("2"), "{used:?}");
+    wait_for_used(&quotas, GPU_KEY, "2").await?;
+    // Deleting a claim gives its devices back: the third GPU fits now.
+    claims.delete("two-gpus", &DeleteParams::default()).await?;
+    wait_for_used(&quotas, GPU_KEY, "0").await?;
+    create(&claims, &claim("third-gpu", "gpu.nvidia.com", 1)?)
+        .await?
+        .map_err(anyhow::Error::msg)
+        .context("a GPU fits again after the claim holding two is deleted")?;
     Ok(())
+}
+
+const GPU_KEY: &str = "gpu.nvidia.com.deviceclass.resource.k8s.io/devices";
+
+/// Waits until the quota's `status.used[key]` reads `want` (the quota controller's recount).
+async fn wait_for_used(quotas: &Api<ResourceQuota>, key: &str, want: &str) -> Result<()> {
+    let mut last = None;
+    for _ in 0..120 {
+        let q = quotas.get("gpus").await?;
+        last = q
+            .status
+            .and_then(|s| s.used)
+            .and_then(|u| u.get(key).cloned());
+        if last.as_ref().is_some_and(|q| q.0 == want) {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    bail!("quota usage of {key}: want {want}, have {last:?} after 60 s")
 }
 
 #[tokio::test]
