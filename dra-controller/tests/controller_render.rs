@@ -81,7 +81,8 @@ fn plugin_switches() -> std::collections::BTreeSet<String> {
 }
 
 /// Parses the container the way its process would start: command, args, and every env var turned into
-/// the flag the plugin reads it through. `NODE_NAME` (a field reference) resolves to `node-a`.
+/// the flag the plugin reads it through. `NODE_NAME` and `POD_UID` (field references) resolve to
+/// `node-a` and a fixed UID.
 fn parse(c: &Container) -> RunArgs {
     parse_all(c).0
 }
@@ -104,8 +105,13 @@ fn parse_all(c: &Container) -> (RunArgs, gpu_dra_log::LogArgs) {
             (Some(v), None) => v.clone(),
             (None, Some(from)) => {
                 let path = &from.field_ref.as_ref().expect("field ref").field_path;
-                assert_eq!(path, "spec.nodeName", "{}", e.name);
-                "node-a".to_owned()
+                match (e.name.as_str(), path.as_str()) {
+                    ("NODE_NAME", "spec.nodeName") => "node-a".to_owned(),
+                    ("POD_UID", "metadata.uid") => {
+                        "8f0e4f7a-2c1b-4d3e-9a6b-5c4d3e2f1a0b".to_owned()
+                    }
+                    other => panic!("unexpected field reference {other:?}"),
+                }
             }
             other => panic!("{}: {other:?}", e.name),
         };

@@ -50,6 +50,8 @@ fn base_env(
 ) -> Vec<Value> {
     let mut env = vec![
         json!({ "name": "NODE_NAME", "valueFrom": { "fieldRef": { "fieldPath": "spec.nodeName" } } }),
+        // Sockets named per pod, so an old and a new plugin pod serve side by side (kubelet 1.33+).
+        json!({ "name": "POD_UID", "valueFrom": { "fieldRef": { "fieldPath": "metadata.uid" } } }),
         json!({ "name": "DRIVER_NAME", "value": driver }),
         json!({ "name": "FEATURE_GATES", "value": t.feature_gates() }),
         json!({ "name": "DEVICE_BACKEND", "value": "nvml" }),
@@ -150,19 +152,7 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
     if !ds.annotations.is_empty() {
         pod_meta["annotations"] = json!(ds.annotations);
     }
-    let strategy = match ds.update_strategy {
-        Some(crate::controller::crd::UpdateStrategy::OnDelete) => json!({ "type": "OnDelete" }),
-        _ => {
-            let max = ds
-                .rolling_update
-                .as_ref()
-                .and_then(|r| r.max_unavailable.clone());
-            let max = max.map_or(json!(1), |m| {
-                m.parse::<i32>().map_or(json!(m), |n| json!(n))
-            });
-            json!({ "type": "RollingUpdate", "rollingUpdate": { "maxUnavailable": max } })
-        }
-    };
+    let strategy = update_strategy(ds, t.spec.dra_driver.gpus.on_demand_mig().is_some());
     let mut meta = t.metadata(PLUGIN, Some(t.namespace), PLUGIN);
     meta["labels"] = json!(t.labels(PLUGIN, true));
     if !ds.annotations.is_empty() {
@@ -190,4 +180,52 @@ pub fn plugin_daemonset(t: &Target<'_>) -> Result<DaemonSet> {
             },
         },
     }))
+}
+
+/// The DaemonSet's update strategy. By default the new pod starts beside the old one (surge) and
+/// the kubelet switches to it; with on-demand MIG two pods would both reconcile the node's
+/// MigLayout, so the old pod goes first. A `maxUnavailable` the user sets keeps the old rule.
+fn update_strategy(ds: &crate::controller::crd::DaemonsetsSpec, on_demand_mig: bool) -> Value {
+    if ds.update_strategy == Some(crate::controller::crd::UpdateStrategy::OnDelete) {
+        return json!({ "type": "OnDelete" });
+    }
+    let max = ds
+        .rolling_update
+        .as_ref()
+        .and_then(|r| r.max_unavailable.clone());
+    let rolling = match max {
+        Some(m) => json!({ "maxUnavailable": m.parse::<i32>().map_or(json!(m), |n| json!(n)) }),
+        None if on_demand_mig => json!({ "maxUnavailable": 1 }),
+        None => json!({ "maxSurge": 1, "maxUnavailable": 0 }),
+    };
+    json!({ "type": "RollingUpdate", "rollingUpdate": rolling })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::crd::{DaemonsetsSpec, RollingUpdateSpec, UpdateStrategy};
+
+    #[test]
+    fn plugin_pods_surge_unless_on_demand_mig_or_the_user_says_otherwise() {
+        let mut ds = DaemonsetsSpec::default();
+        let rolling = |v: Value| v["rollingUpdate"].clone();
+        assert_eq!(
+            rolling(update_strategy(&ds, false)),
+            json!({ "maxSurge": 1, "maxUnavailable": 0 })
+        );
+        assert_eq!(
+            rolling(update_strategy(&ds, true)),
+            json!({ "maxUnavailable": 1 })
+        );
+        ds.rolling_update = Some(RollingUpdateSpec {
+            max_unavailable: Some("10%".into()),
+        });
+        assert_eq!(
+            rolling(update_strategy(&ds, false)),
+            json!({ "maxUnavailable": "10%" })
+        );
+        ds.update_strategy = Some(UpdateStrategy::OnDelete);
+        assert_eq!(update_strategy(&ds, false), json!({ "type": "OnDelete" }));
+    }
 }
