@@ -89,15 +89,17 @@
 //! checker picked (`dyn(7) >= ''` is priced as a string comparison there), and qualifiers of
 //! optional values or by attributes on values that are not maps.
 //! Type variables: cel-go binds the element type of `[]` (and `{}`, `optional.none()`) at its
-//! first use and holds later uses to it; ours stays open except where overloads differ by it
-//! (`[].sort()`), so `[].map(x, x != 1, x.size() > 0)` compiles here and not there (the one
-//! entry of the CEL-only differential's `KNOWN_GAPS`). Nesting at exactly the limit: cel-go
-//! counts each grammar rule on its own, so an expression whose arithmetic or relations nest a
-//! level deeper than its parentheses (`((1 + 1) + 1) > 0` at 249 parentheses) is refused there a
-//! level earlier. Where cel-go's planner panics (a constant map key Go cannot hash: bytes,
-//! semver) we report a compile error, as the API server's answer means the selector is never
-//! stored. `sort()` of more than 12 members sorts stably, Go's `sort.Slice` does not: the order
-//! of equal but distinct members (`0.0`, `-0.0`) or of NaN may differ.
+//! first use and holds later uses to it; we bind a local variable of such a type where an
+//! operator or a one-operand function's first overload takes it (`x != 1`, `1.5 < x`, `-x`,
+//! `size(x)`, `int(x)`), not through other library functions (`x.startsWith('a')`) or an
+//! index (`x[0] == 1`), which leave it open here and bind it there (the differential generates
+//! only the first kind). Nesting at exactly the limit: cel-go counts each grammar rule on its
+//! own, so an expression whose arithmetic or relations nest a level deeper than its parentheses
+//! (`((1 + 1) + 1) > 0` at 249 parentheses) is refused there a level earlier. Where cel-go's
+//! planner panics (a constant map key Go cannot hash: bytes, semver) we report a compile error,
+//! as the API server's answer means the selector is never stored. `sort()` of more than 12
+//! members sorts stably, Go's `sort.Slice` does not: the order of equal but distinct members
+//! (`0.0`, `-0.0`) or of NaN may differ.
 pub mod compile;
 pub mod device;
 pub mod eval;

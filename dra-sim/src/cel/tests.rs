@@ -560,3 +560,32 @@ fn authz_library_without_an_authorizer() {
         assert!(e.contains(want), "{expr}: {e}");
     }
 }
+
+/// The members of `[]` and `{}` take the type of their first use, as in cel-go's checker.
+#[test]
+fn empty_literal_members_take_their_first_use() {
+    for (expr, err) in [
+        (
+            "[].map(x, x != 1, x.size() > 0).size() == 0",
+            Some("'int.()'"),
+        ),
+        ("[].all(x, 1.5 < x && x + 1 > 0)", Some("'(double, int)'")),
+        ("[].all(x, x < 1.5 && x + 1 > 0)", None),
+        ("{}.all(k, k in ['a'] && k.size() > 0)", None),
+        ("[].all(x, size(x) > 0 && x != 1)", Some("'(bytes, int)'")),
+        (
+            "[[]].all(x, x == [1] && x[0] + 'a' == 'b')",
+            Some("'(int, string)'"),
+        ),
+        (
+            "cel.bind(v, [], v == [1] && v == ['a'])",
+            Some("list(string)"),
+        ),
+    ] {
+        match (compile(expr), err) {
+            (Ok(_), None) => {}
+            (Err(e), Some(want)) => assert!(e.contains(want), "{expr}: {e}"),
+            (r, _) => panic!("{expr}: {:?}", r.err()),
+        }
+    }
+}

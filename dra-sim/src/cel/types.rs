@@ -100,6 +100,15 @@ impl Ty {
             (s, _) => s.clone(),
         }
     }
+    /// Whether some part of the type is still open ([`Ty::Free`]).
+    pub fn is_open(&self) -> bool {
+        match self {
+            Ty::Free => true,
+            Ty::List(e) | Ty::Opt(e) => e.is_open(),
+            Ty::Map(k, v) => k.is_open() || v.is_open(),
+            _ => false,
+        }
+    }
     /// cel-go's `isEqualOrLessSpecific`: whether `self` is as general as `o` or more (`dyn` is
     /// the most general), part by part.
     pub fn as_general(&self, o: &Ty) -> bool {

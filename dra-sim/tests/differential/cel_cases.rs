@@ -9,15 +9,6 @@ use super::{J, Rng, cel_grammar, eval_device, oracle, run_oracle, rust_eval};
 use serde_json::json;
 use std::collections::BTreeMap;
 
-/// Shapes where we still differ from cel-go on purpose (each listed in `cel/mod.rs` under "Not
-/// covered"): a disagreement on an expression containing one of these is counted, not failed.
-const KNOWN_GAPS: &[&str] = &[
-    // cel-go binds the element type of `[]` at its first use and holds every later use to it
-    // (`x != 1` makes `x` an int, so `x.size()` fails to compile); our checker has no type
-    // variables and binds `[]`'s element type only where overloads differ by it
-    "[].map(x, x != 1, ",
-];
-
 /// CEL-only cases per run; `SIM_DIFF_CASES` asks for more (or fewer).
 fn cel_cases() -> usize {
     std::env::var("SIM_DIFF_CASES")
@@ -46,14 +37,10 @@ impl Tally {
         if kind == wkind {
             return;
         }
-        if KNOWN_GAPS.iter().any(|g| expr.contains(g)) {
-            *self.outcomes.entry("known_gap".into()).or_default() += 1;
-        } else {
-            self.mismatches.push(format!(
-                "{expr}\n  device: {}\n  go:   {wkind} {wmsg}\n  rust: {kind} {msg}",
-                e["device"]
-            ));
-        }
+        self.mismatches.push(format!(
+            "{expr}\n  device: {}\n  go:   {wkind} {wmsg}\n  rust: {kind} {msg}",
+            e["device"]
+        ));
     }
 }
 

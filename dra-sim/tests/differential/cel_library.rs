@@ -176,6 +176,10 @@ const RANGES: &[&str] = &[
     "[dyn([1]), dyn(2)]",
     "[1, 2, 3]",
     "[]",
+    "{}",
+    "[[]]",
+    "[] + [1]",
+    "dyn([])",
     "['a', 'b', '']",
     "{'a': 1, 'b': 0}",
     "{0: 'a', 2: 'b'}",
@@ -187,6 +191,27 @@ const RANGES: &[&str] = &[
     "$c",
     "dyn(1)",
     "lists.range(4)",
+];
+
+/// First uses of `x` that bind the element type of an empty range (cel-go holds every later use
+/// of `x` to it), by operators and by the first overload of a one-operand function.
+const BINDERS: &[&str] = &[
+    "x != 1",
+    "x == 'a'",
+    "x == [1]",
+    "x + 1 > 0",
+    "x * 2.0 > 0.0",
+    "x < 1.5",
+    "1.5 < x",
+    "2u <= x",
+    "x in ['a']",
+    "x in {1: 2}",
+    "1 in x",
+    "size(x) > 0",
+    "-x < 0",
+    "!x",
+    "int(x) > 0",
+    "string(x) != ''",
 ];
 
 const BODIES: &[&str] = &[
@@ -224,10 +249,11 @@ pub fn macro_pred(r: &mut Rng) -> String {
     } else {
         m
     };
-    match r.n(9) {
+    match r.n(10) {
         0 => format!("{range}.filter(x, {body}).size() > 0"),
         1 => format!("{range}.map(x, {body}).size() > 0"),
-        2 => format!("{range}.map(x, x != 1, {body}).exists(y, y)"),
+        2 => format!("{range}.map(x, {}, {body}).exists(y, y)", r.pick(BINDERS)),
+        9 => format!("{range}.all(x, {} || {body})", r.pick(BINDERS)),
         3 => format!("{range}.{m}(i, x, {body})"),
         4 => format!("{range}.transformList(i, x, {body}).size() == 2"),
         5 => format!("{range}.transformMap(i, x, {body}).size() > 0"),

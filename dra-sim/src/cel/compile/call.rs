@@ -170,6 +170,10 @@ impl Compiler<'_> {
                 if func == Func::Format {
                     self.check_format(id, call);
                 }
+                if tys.iter().any(Ty::is_open) {
+                    let operands: Vec<&IdedExpr> = target.into_iter().chain(&call.args).collect();
+                    self.bind_open_locals(global, &operands, &tys);
+                }
                 Ok((Node::Call { func, args: nodes }, rt))
             }
             Err(None) => {
@@ -198,6 +202,24 @@ impl Compiler<'_> {
                 ))
             }
             Err(Some(msg)) => Err(self.err(id, msg)),
+        }
+    }
+
+    /// cel-go types the members of `[]` (the keys and values of `{}`) by a type variable that the
+    /// first operator they meet binds for the rest of the expression: after `x != 1`, `x` is an
+    /// int there, and `x.size()` no longer compiles. We bind the variable the operand names.
+    fn bind_open_locals(&mut self, op: &str, args: &[&IdedExpr], tys: &[Ty]) {
+        for (i, e) in args.iter().enumerate() {
+            let Expr::Ident(name) = &e.expr else { continue };
+            let bound = match tys {
+                [t] => open_unary(op, t),
+                [_, _] => open_binding(op, i, &tys[i], &tys[1 - i]),
+                _ => None,
+            };
+            let Some(bound) = bound else { continue };
+            if let Some(entry) = self.scopes.iter_mut().rev().find(|(n, _, _)| n == name) {
+                entry.2 = bound;
+            }
         }
     }
 
@@ -236,4 +258,50 @@ impl Compiler<'_> {
             members,
         }
     }
+}
+
+/// What the open operand of a one-operand function is bound to: its first overload's type
+/// (a conversion's identity, `size` of bytes, `-` of a double).
+fn open_unary(f: &str, t: &Ty) -> Option<Ty> {
+    let first = match f {
+        "size" | "bytes" => Ty::Bytes,
+        "-_" | "double" => Ty::Double,
+        "!_" | "bool" => Ty::Bool,
+        "int" => Ty::Int,
+        "uint" => Ty::Uint,
+        "string" => Ty::Str,
+        _ => return None,
+    };
+    (*t == Ty::Free).then_some(first)
+}
+
+/// What an operand of open type `t` at position `pos` of operator `op` is bound to by the first
+/// of cel-go's overloads (in its declaration order) that takes the other operand, `other`.
+fn open_binding(op: &str, pos: usize, t: &Ty, other: &Ty) -> Option<Ty> {
+    if !t.is_open() || other.is_open() || other.is_dyn() {
+        return None;
+    }
+    let scalar = matches!(
+        other,
+        Ty::Int | Ty::Uint | Ty::Double | Ty::Str | Ty::Bytes | Ty::Bool
+    );
+    let same = match op {
+        "_==_" | "_!=_" => other.clone(),
+        "_+_" if scalar || matches!(other, Ty::List(_)) => other.clone(),
+        "_-_" | "_*_" | "_/_" | "_%_" if other.is_num() => other.clone(),
+        // `less_int64_double` and `less_int64_uint64` come before the uint and double
+        // overloads: an open left operand against any number is an int
+        "_<_" | "_<=_" | "_>_" | "_>=_" if pos == 0 && other.is_num() => Ty::Int,
+        "_<_" | "_<=_" | "_>_" | "_>=_" if scalar => other.clone(),
+        "@in" if pos == 0 => match other {
+            Ty::List(e) => (**e).clone(),
+            Ty::Map(k, _) => (**k).clone(),
+            _ => return None,
+        },
+        // `in_list` comes first: an open range of a member is a list of it
+        "@in" if *t == Ty::Free => Ty::list(other.clone()),
+        _ => return None,
+    };
+    let bound = t.fill(&same);
+    t.accepts(&bound).then_some(bound)
 }
