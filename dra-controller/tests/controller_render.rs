@@ -191,7 +191,7 @@ fn defaults_parse_as_the_plugin_defaults_on_nvml() {
         PathBuf::from("/var/lib/kubelet/plugins/gpu.nvidia.com")
     );
     assert_eq!(args.cdi_root, PathBuf::from("/var/run/cdi"));
-    assert_eq!(args.metrics_port, 8080);
+    assert_eq!(args.metrics_port, Some(8080));
     assert_eq!(args.healthcheck_port, 51516);
     let probe = cs[0]
         .liveness_probe
@@ -301,7 +301,8 @@ fn compute_domains_run_the_plugin_in_compute_domain_mode() {
     let args = parse(&cs[1]);
     assert_eq!(args.device.driver_name, "compute-domain.nvidia.com");
     assert_eq!(
-        args.metrics_port, 8081,
+        args.metrics_port,
+        Some(8081),
         "no port clash with the gpus container"
     );
     assert!(

@@ -1,4 +1,5 @@
 //! Command-line flags (each with an environment fallback, for DaemonSet manifests).
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
@@ -153,9 +154,17 @@ pub struct RunArgs {
     /// Where per-claim CDI specs are written.
     #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
     pub cdi_root: PathBuf,
-    /// Prometheus `/metrics` and `/healthz` port on all interfaces; 0 disables.
-    #[arg(long, env = "METRICS_PORT", default_value_t = 8080)]
-    pub metrics_port: u16,
+    /// Prometheus metrics and `/healthz` port on all interfaces; 0 disables. Unset with no
+    /// `--http-endpoint`: 8080. See [`RunArgs::metrics_endpoint`].
+    #[arg(long, env = "METRICS_PORT")]
+    pub metrics_port: Option<u16>,
+    /// NVIDIA's flag: the metrics server's `host:port` (`:8080` for all interfaces); empty
+    /// turns it off.
+    #[arg(long, env = "HTTP_ENDPOINT")]
+    pub http_endpoint: Option<String>,
+    /// NVIDIA's flag: where the metrics are served; empty turns the server off.
+    #[arg(long, env = "METRICS_PATH", default_value = "/metrics")]
+    pub metrics_path: String,
     /// gRPC health (service `liveness`) port; 0 disables.
     #[arg(long, env = "HEALTHCHECK_PORT", default_value_t = 51516)]
     pub healthcheck_port: u16,
@@ -180,6 +189,70 @@ pub struct RunArgs {
     /// checkpoint between them through a lock. Empty: the fixed socket names.
     #[arg(long, env = "POD_UID")]
     pub rolling_update_uid: Option<String>,
+}
+
+/// Our port when neither `METRICS_PORT` nor `HTTP_ENDPOINT` is set.
+pub const DEFAULT_METRICS_PORT: u16 = 8080;
+
+impl RunArgs {
+    /// Where to serve metrics, if anywhere: the address and the path. `HTTP_ENDPOINT` (NVIDIA's)
+    /// and `METRICS_PORT` (ours) may both be set only if they name the same port; an empty
+    /// endpoint, port 0 or an empty `METRICS_PATH` turns the server off.
+    pub fn metrics_endpoint(&self) -> Result<Option<(SocketAddr, String)>, String> {
+        let addr = match (self.http_endpoint.as_deref(), self.metrics_port) {
+            (Some(e), port) => {
+                let addr = parse_endpoint(e)?;
+                let same = addr.map(|a| a.port()) == port.filter(|p| *p != 0);
+                if port.is_some() && !same {
+                    return Err(format!(
+                        "HTTP_ENDPOINT {e:?} and METRICS_PORT {} disagree; set one",
+                        port.unwrap_or_default()
+                    ));
+                }
+                addr
+            }
+            (None, Some(0)) => None,
+            (None, port) => Some(SocketAddr::from((
+                [0, 0, 0, 0],
+                port.unwrap_or(DEFAULT_METRICS_PORT),
+            ))),
+        };
+        let path = metrics_path(&self.metrics_path)?;
+        Ok(addr.zip(path))
+    }
+}
+
+/// Go's listen address forms: `host:port`, `:port` (all interfaces), `[v6]:port`; empty: off.
+fn parse_endpoint(e: &str) -> Result<Option<SocketAddr>, String> {
+    let e = e.trim();
+    if e.is_empty() {
+        return Ok(None);
+    }
+    let full = match e.strip_prefix(':') {
+        Some(port) => format!("0.0.0.0:{port}"),
+        None => e.to_string(),
+    };
+    full.to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .map(Some)
+        .ok_or_else(|| format!("HTTP_ENDPOINT {e:?} is not a host:port address"))
+}
+
+/// NVIDIA joins the path onto `/` (so `metrics` and `/metrics/` are `/metrics`); empty: off.
+fn metrics_path(p: &str) -> Result<Option<String>, String> {
+    if p.is_empty() {
+        return Ok(None);
+    }
+    let parts: Vec<&str> = p
+        .split('/')
+        .filter(|s| !s.is_empty() && *s != ".")
+        .collect();
+    let path = format!("/{}", parts.join("/"));
+    if path == "/healthz" || parts.contains(&"..") {
+        return Err(format!("METRICS_PATH {p:?} cannot be used"));
+    }
+    Ok(Some(path))
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -291,5 +364,39 @@ mod tests {
             e.contains("--on-demand-mig") && e.contains("DynamicMIG"),
             "{e}"
         );
+    }
+
+    fn endpoint(extra: &[&str]) -> Result<Option<(SocketAddr, String)>, String> {
+        run(extra).unwrap().metrics_endpoint()
+    }
+
+    #[test]
+    fn metrics_endpoint_takes_nvidias_flags_beside_our_port() {
+        let at = |a: &str, p: &str| Ok(Some((a.parse().unwrap(), p.to_string())));
+        assert_eq!(endpoint(&[]), at("0.0.0.0:8080", "/metrics"));
+        assert_eq!(
+            endpoint(&["--metrics-port", "9000"]),
+            at("0.0.0.0:9000", "/metrics")
+        );
+        assert_eq!(endpoint(&["--metrics-port", "0"]), Ok(None));
+        let nvidia = ["--http-endpoint", ":8081", "--metrics-path", "prom/"];
+        assert_eq!(endpoint(&nvidia), at("0.0.0.0:8081", "/prom"));
+        let local = ["--http-endpoint", "127.0.0.1:7000"];
+        assert_eq!(endpoint(&local), at("127.0.0.1:7000", "/metrics"));
+        // NVIDIA's "off" spellings.
+        assert_eq!(endpoint(&["--http-endpoint", ""]), Ok(None));
+        assert_eq!(endpoint(&["--metrics-path", ""]), Ok(None));
+        // Both given: they must agree.
+        let same = ["--http-endpoint", ":8081", "--metrics-port", "8081"];
+        assert_eq!(endpoint(&same), at("0.0.0.0:8081", "/metrics"));
+        for bad in [
+            &["--http-endpoint", ":8081", "--metrics-port", "8080"][..],
+            &["--http-endpoint", "", "--metrics-port", "8080"],
+            &["--http-endpoint", ":8081", "--metrics-port", "0"],
+            &["--http-endpoint", "nonsense"],
+            &["--metrics-path", "/healthz"],
+        ] {
+            assert!(endpoint(bad).is_err(), "{bad:?} accepted");
+        }
     }
 }

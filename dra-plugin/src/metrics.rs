@@ -2,12 +2,16 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
+use dra_plugin_core::checkpoint::{Checkpoint, ClaimState};
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
+
+pub mod nvidia;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ErrorLabels {
@@ -70,6 +74,8 @@ pub struct Metrics {
     pub claim_status_writes: Family<ClaimStatusLabels, Counter>,
     pub mig_device_operations: Family<MigDeviceOperationLabels, Counter>,
     pub mig_layout_refusals: Family<MigLayoutRefusalLabels, Counter>,
+    /// NVIDIA's `nvidia_dra_*` series, for its dashboards and alerts.
+    pub nvidia: nvidia::NvidiaMetrics,
 }
 
 impl Default for Metrics {
@@ -80,7 +86,10 @@ impl Default for Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("gpu_dra");
+        // Unprefixed root: our series under `gpu_dra`, NVIDIA's under `nvidia_dra`.
+        let mut root = Registry::default();
+        let nvidia = nvidia::NvidiaMetrics::register(&mut root);
+        let registry = root.sub_registry_with_prefix("gpu_dra");
         // 0.5 ms .. ~16 s
         let buckets = || exponential_buckets(0.0005, 2.0, 16);
         let prepare_duration = Histogram::new(buckets());
@@ -150,7 +159,7 @@ impl Metrics {
             mig_layout_refusals.clone(),
         );
         Metrics {
-            registry,
+            registry: root,
             prepare_duration,
             unprepare_duration,
             errors,
@@ -162,6 +171,7 @@ impl Metrics {
             claim_status_writes,
             mig_device_operations,
             mig_layout_refusals,
+            nvidia,
         }
     }
 
@@ -183,6 +193,19 @@ impl Metrics {
             .inc();
     }
 
+    /// Sets ours and NVIDIA's prepared-device gauges from the checkpoint's completed claims.
+    pub fn set_prepared(&self, checkpoint: &Checkpoint) {
+        checkpoint.with_claims(|claims| {
+            let names: Vec<&str> = claims
+                .values()
+                .filter(|r| r.state == ClaimState::PrepareCompleted)
+                .flat_map(|r| r.devices.iter().map(|d| d.device_name.as_str()))
+                .collect();
+            self.prepared_devices.set(gauge_count(names.len()));
+            self.nvidia.set_prepared(names);
+        });
+    }
+
     pub fn encode(&self) -> String {
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &self.registry)
@@ -191,30 +214,29 @@ impl Metrics {
     }
 }
 
-/// Serves `/metrics` and `/healthz` until `shutdown` resolves.
+/// Serves the metrics at `path` (such as `/metrics`) and `/healthz` until `shutdown` resolves.
 pub async fn serve(
     addr: SocketAddr,
+    path: &str,
     metrics: Arc<Metrics>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<SocketAddr> {
     use axum::routing::get;
+    let scrape = get(move || {
+        let m = metrics.clone();
+        async move {
+            (
+                [(
+                    "content-type",
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                )],
+                m.encode(),
+            )
+        }
+    });
     let app = axum::Router::new()
-        .route(
-            "/metrics",
-            get(move || {
-                let m = metrics.clone();
-                async move {
-                    (
-                        [(
-                            "content-type",
-                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                        )],
-                        m.encode(),
-                    )
-                }
-            }),
-        )
-        .route("/healthz", get(|| async { "ok" }));
+        .route("/healthz", get(|| async { "ok" }))
+        .route(path, scrape);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     tokio::spawn(async move {

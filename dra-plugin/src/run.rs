@@ -1,5 +1,4 @@
 //! Wiring: backend, checkpoint, gRPC servers, publisher, cleanup, metrics, shutdown.
-use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -30,7 +29,7 @@ use crate::kube::events::{ApiNodeEvents, NodeEvents};
 use crate::kube::publisher::{Publisher, cluster_splits_counters};
 use crate::kube::status::{ApiClaimStatus, ClaimStatus};
 use crate::kube::taints::taint_map;
-use crate::metrics::{Metrics, gauge_count};
+use crate::metrics::Metrics;
 use crate::miglayout::Withheld;
 use crate::prepare::{ClaimOutputs, ClaimSource, Preparer};
 
@@ -166,6 +165,8 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     shares.check_gate(&gates).map_err(anyhow::Error::msg)?;
     dev.check_mig_mode(&gates).map_err(anyhow::Error::msg)?;
     let metrics = Arc::new(Metrics::new());
+    let types = crate::metrics::nvidia::GPU_DEVICE_TYPES;
+    metrics.nvidia.init(&dev.driver_name, &dev.node_name, types);
     let backend = build_backend(dev, Some(&args.plugin_dir))?;
     info!(backend = backend.kind(), node = %dev.node_name, gates = %gates, "starting");
 
@@ -249,9 +250,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
             removed, "reconciled CDI specs with the checkpoint"
         );
     }
-    metrics
-        .prepared_devices
-        .set(gauge_count(state.prepared_device_count()));
+    metrics.set_prepared(state.checkpoint());
     drop(startup);
 
     let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
@@ -290,14 +289,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
     )?;
     let reg_path = servers.reg_path.clone();
 
-    if args.metrics_port != 0 {
-        let addr = SocketAddr::from(([0, 0, 0, 0], args.metrics_port));
-        let bound = crate::metrics::serve(addr, metrics.clone(), wait(shutdown.clone())).await?;
-        info!(%bound, "metrics");
-    }
-    if args.healthcheck_port != 0 {
-        spawn_health(args.healthcheck_port, reg_path.clone(), shutdown.clone()).await?;
-    }
+    serve_probes(&args, &metrics, reg_path.clone(), &shutdown).await?;
 
     let opts = SliceOptions {
         driver: dev.driver_name.clone(),
@@ -386,6 +378,8 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     };
     let dev = &args.device;
     let metrics = Arc::new(Metrics::new());
+    let types = crate::metrics::nvidia::CD_DEVICE_TYPES;
+    metrics.nvidia.init(&dev.driver_name, &dev.node_name, types);
     info!(node = %dev.node_name, "starting the compute-domain driver");
 
     let client = match &args.offline_claims_dir {
@@ -429,6 +423,7 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
     let service = DraService::new(state.clone(), claims, metrics.clone());
     let events = node_events(client.as_ref(), &dev.node_name, None);
     let servers = serve_kubelet(&args, service, None, &metrics, events, shutdown.clone())?;
+    serve_probes(&args, &metrics, servers.reg_path.clone(), &shutdown).await?;
     if let Some(client) = client {
         let opts = SliceOptions {
             driver: dev.driver_name.clone(),
@@ -445,6 +440,24 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
         wait(shutdown).await;
     }
     servers.stop(state.checkpoint()).await;
+    Ok(())
+}
+
+/// The metrics server and the gRPC health server, each where the flags put it, if anywhere.
+async fn serve_probes(
+    args: &RunArgs,
+    metrics: &Arc<Metrics>,
+    reg_path: std::path::PathBuf,
+    shutdown: &watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    if let Some((addr, path)) = args.metrics_endpoint().map_err(anyhow::Error::msg)? {
+        let bound = crate::metrics::serve(addr, &path, metrics.clone(), wait(shutdown.clone()));
+        let bound = bound.await?;
+        info!(%bound, %path, "metrics");
+    }
+    if args.healthcheck_port != 0 {
+        spawn_health(args.healthcheck_port, reg_path, shutdown.clone()).await?;
+    }
     Ok(())
 }
 

@@ -8,7 +8,7 @@ use kubelet_proto::{dra_v1 as v1, dra_v1beta1 as v1beta1};
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::metrics::{Metrics, gauge_count};
+use crate::metrics::Metrics;
 use crate::prepare::{ClaimSource, Preparer};
 use dra_plugin_core::types::ClaimRef;
 
@@ -39,10 +39,18 @@ impl DraService {
             let span = info_span!("prepare", claimUID = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
             async move {
                 let claim = ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name };
+                // NVIDIA's series count each claim, timed from its start, successes only.
+                let t0 = Instant::now();
+                let in_flight = self.metrics.nvidia.in_flight("prepare");
                 let result = match self.claims.allocation(&claim).await {
                     Ok(alloc) => self.state.prepare(&alloc).await,
                     Err(e) => Err(e),
                 };
+                drop(in_flight);
+                match &result {
+                    Ok(_) => self.metrics.nvidia.succeeded("prepare", t0.elapsed()),
+                    Err(e) => self.metrics.nvidia.failed("prepare", e.reason()),
+                }
                 let entry = match result {
                     Ok(devices) => {
                         info!(devices = devices.len(), "prepared");
@@ -77,9 +85,7 @@ impl DraService {
         self.metrics
             .prepare_duration
             .observe(start.elapsed().as_secs_f64());
-        self.metrics
-            .prepared_devices
-            .set(gauge_count(self.state.prepared_device_count()));
+        self.metrics.set_prepared(self.state.checkpoint());
         v1::NodePrepareResourcesResponse {
             claims: results.into_iter().collect(),
         }
@@ -91,14 +97,20 @@ impl DraService {
             let span = info_span!("unprepare", claimUID = %c.uid, claim = %format!("{}/{}", c.namespace, c.name));
             async move {
                 let claim = ClaimRef { uid: c.uid, namespace: c.namespace, name: c.name };
-                let error = match self.state.unprepare_claim(&claim).await {
+                let t0 = Instant::now();
+                let in_flight = self.metrics.nvidia.in_flight("unprepare");
+                let result = self.state.unprepare_claim(&claim).await;
+                drop(in_flight);
+                let error = match result {
                     Ok(()) => {
                         info!("unprepared");
+                        self.metrics.nvidia.succeeded("unprepare", t0.elapsed());
                         String::new()
                     }
                     Err(e) => {
                         warn!(error = %e, "unprepare failed");
                         self.metrics.error("unprepare", e.reason());
+                        self.metrics.nvidia.failed("unprepare", e.reason());
                         e.to_string()
                     }
                 };
@@ -110,9 +122,7 @@ impl DraService {
         self.metrics
             .unprepare_duration
             .observe(start.elapsed().as_secs_f64());
-        self.metrics
-            .prepared_devices
-            .set(gauge_count(self.state.prepared_device_count()));
+        self.metrics.set_prepared(self.state.checkpoint());
         v1::NodeUnprepareResourcesResponse {
             claims: results.into_iter().collect(),
         }
