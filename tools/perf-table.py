@@ -5,9 +5,11 @@ Reads a bench's output on stdin, echoes it, and takes every line of the form
 `perf|figure|goal|value` as a row of the first table, and every `peer|figure|ours|theirs|ratio|goal`
 as a row of the second (ours beside the peer plugins), and every
 `sched|figure|whole GPU|static MIG|dynamic MIG|ratio` as a row of the third (what our slices cost
-kube-scheduler), and every `odm|figure|whole GPU|dynamic MIG|on-demand MIG|ratio|goal` as a row of
-the fourth (on-demand MIG beside them): the row of the same figure in its table is replaced (others are kept), with this
-machine and today's date beside it.
+kube-scheduler), and every `odm|figure|whole GPU|dynamic MIG|on-demand MIG|pre-carved|ratio
+on-demand|ratio pre-carved|goal` as a row of the fourth (on-demand MIG beside them; a line without
+the two pre-carved fields, `odm|figure|whole GPU|dynamic MIG|on-demand MIG|ratio|goal`, gets `—`
+there): the row of the same figure in its table is replaced (others are kept), with this machine
+and today's date beside it.
 
     cargo bench -p dra-plugin --bench prepare | python3 tools/perf-table.py docs/perf.md
 """
@@ -58,16 +60,24 @@ Written by `make bench-scheduler` with shape `ondemand` (method in
 dynamic-MIG columns are the same measurements. On-demand MIG runs the real `dra-plugin run
 --on-demand-mig` per node (no kubelet) and `dra-controller`; its pods alternate 1g.10gb and whole-GPU
 claims, and every 1g.10gb must be carved first, so created -> bound includes the MIG shaper and the
-plugins. Ratio is on-demand ÷ whole GPU; the goal (issue 32) is scheduler CPU per pod within 2×.
+plugins. The pre-carved column is the same with `preCarve` keeping 1g.10gb devices idle on every
+node, carved before the clock starts. Ratios are ÷ whole GPU; the goal (issue 32) is scheduler CPU
+per pod within 2×.
 The "pod creation -> Running" rows come from `make bench-mig-latency` (stock kubelets, a 3g.40gb
 to create per pod): the dynamic-MIG column is publish every placement (created at prepare).
 
-| figure | whole GPU | dynamic MIG | on-demand MIG | ratio on-demand/whole | goal | machine | date |
-|---|---|---|---|---|---|---|---|
+| figure | whole GPU | dynamic MIG | on-demand MIG | on-demand MIG, pre-carved | ratio on-demand/whole | ratio pre-carved/whole | goal | machine | date |
+|---|---|---|---|---|---|---|---|---|---|
 """
 ODM_HEADING = "## On-demand MIG beside whole GPUs"
 # Input lines: prefix -> (table, number of fields after the prefix).
-KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5), "sched|": ("sched", 5), "odm|": ("odm", 6)}
+KINDS = {"perf|": ("main", 3), "peer|": ("peer", 5), "sched|": ("sched", 5), "odm|": ("odm", 8)}
+ODM_OLD = 6  # fields (figure included) of an odm line without the pre-carved column and ratio
+
+
+def odm_widen(cells):
+    """An odm row of the old width with `—` for the pre-carved column and its ratio."""
+    return cells[:4] + ("—",) + cells[4:5] + ("—",) + cells[5:]
 
 
 def machine():
@@ -108,6 +118,8 @@ def read_rows(path):
                 continue
             cells = tuple(c.strip() for c in line[2:-2].split(" | "))
             if cells[0] not in ("figure", "---") and not cells[0].startswith("---"):
+                if table == "odm" and len(cells) == ODM_OLD + 2:  # + machine, date
+                    cells = odm_widen(cells)
                 rows[table][cells[0]] = cells
     return rows
 
@@ -117,6 +129,8 @@ def parse(line, here, today):
     for prefix, (table, n) in KINDS.items():
         if line.startswith(prefix):
             parts = line.rstrip("\n").split("|")[1:]
+            if table == "odm" and len(parts) == ODM_OLD:
+                parts = list(odm_widen(tuple(parts)))
             if len(parts) == n:
                 return table, tuple(p.strip() for p in parts) + (here, today)
     return None

@@ -5,7 +5,8 @@ One shape on a fresh etcd + kube-apiserver + kube-scheduler with no kubelets:
 
     scheduler.py load   SLICES_JSON NODES DEVICECLASS_YAML...   Nodes (API only) and their slices
                         (SLICES_JSON `-`: Nodes only; on-demand plugins publish their own)
-    scheduler.py ready  NODES GPUS                               waits for the on-demand plugins
+    scheduler.py ready  NODES GPUS [MIG]                         waits for the on-demand plugins
+                        (and MIG pre-carved devices per node)
     scheduler.py restless SECONDS                                MigLayouts rewritten meanwhile
     scheduler.py run    SHAPE PODS SCHEDULER_PID SCHEDULER_PORT  claims and pods, then figures
 
@@ -13,7 +14,7 @@ One shape on a fresh etcd + kube-apiserver + kube-scheduler with no kubelets:
 the resourceclaim controller), then the pods, and times first pod created -> every pod bound
 (spec.nodeName set). It prints `shape|<shape>|<key>|<value>` lines that scheduler.sh turns into
 `sched|...` rows. Environment: APISERVER_PORT, ADMIN_TOKEN, CLUSTER_DIR (from cluster.sh);
-SCHED_COST_PIDS (shape ondemand): `controller=PID plugins=PID,PID,...`, the processes whose CPU
+SCHED_COST_PIDS (shapes ondemand*): `controller=PID plugins=PID,PID,...`, the processes whose CPU
 over the same window is this mode's price.
 """
 import copy
@@ -152,25 +153,30 @@ def load(slices_json, nodes, classes):
           f"{time.monotonic() - start:.1f}s", file=sys.stderr)
 
 
-def ready(nodes, gpus):
-    """Waits until every on-demand plugin publishes its `gpus` whole GPUs and reports them in its
-    MigLayout: before that the shaper has nothing to carve on and the scheduler nothing to place."""
+def ready(nodes, gpus, mig=0):
+    """Waits until every on-demand plugin publishes its `gpus` whole GPUs (and `mig` MIG devices,
+    pre-carved) and reports them in its MigLayout: before that the shaper has nothing to carve on
+    and the scheduler nothing to place."""
     api = Api()
     start, deadline = time.monotonic(), time.monotonic() + 600
     while True:
-        per_node = {}
+        per_node, mig_node = {}, {}
         for s in api.req("GET", "/apis/resource.k8s.io/v1/resourceslices")["items"]:
             n = s["spec"].get("nodeName")
-            per_node[n] = per_node.get(n, 0) + len(s["spec"].get("devices", []))
-        published = sum(1 for v in per_node.values() if v >= gpus)
+            devs = s["spec"].get("devices", [])
+            per_node[n] = per_node.get(n, 0) + len(devs)
+            mig_node[n] = mig_node.get(n, 0) + sum(1 for d in devs if "-mig-" in d["name"])
+        published = sum(1 for n, v in per_node.items() if v >= gpus and mig_node[n] >= mig)
         layouts = api.req("GET", "/apis/nvidia.com/v1alpha1/miglayouts")["items"]
         reported = sum(1 for m in layouts if len((m.get("status") or {}).get("gpus") or []) == gpus)
         if published >= nodes and reported >= nodes:
             break
         if time.monotonic() > deadline:
-            sys.exit(f"on-demand plugins: {published}/{nodes} publishing, {reported}/{nodes} MigLayouts reported")
+            sys.exit(f"on-demand plugins: {published}/{nodes} publishing (with {mig} MIG devices), "
+                     f"{reported}/{nodes} MigLayouts reported")
         time.sleep(1)
-    print(f"  {nodes} plugins publishing and reporting in {time.monotonic() - start:.1f}s", file=sys.stderr)
+    what = f" with {mig} pre-carved MIG devices each" if mig else ""
+    print(f"  {nodes} plugins publishing{what} and reporting in {time.monotonic() - start:.1f}s", file=sys.stderr)
 
 
 def restless(seconds):
@@ -258,15 +264,15 @@ def hist_sums(text, name, want):
 def run(shape, pods, sched_pid, sched_port):
     api = Api()
     names = [f"p-{i:05d}" for i in range(pods)]
-    kinds = {n: ("gpu" if shape == "whole" or (shape in ("dynamic", "ondemand") and i % 2) else "mig")
-             for i, n in enumerate(names)}
+    alternate = shape in ("dynamic", "ondemand", "ondemand-precarve")
+    kinds = {n: ("gpu" if shape == "whole" or (alternate and i % 2) else "mig") for i, n in enumerate(names)}
     parallel(names, lambda a, n: a.req("POST", f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims",
                                         claim(n, kinds[n])))
     m0 = metrics(sched_port)
     cpu0, _, _ = proc(sched_pid)
     costs = cost_pids()
     cost0 = {role: cpu_of(pids) for role, pids in costs.items()}
-    if shape == "ondemand":  # what a node publishes before any carve
+    if shape.startswith("ondemand"):  # what a node publishes before any carve for a claim
         s0 = api.req("GET", "/apis/resource.k8s.io/v1/resourceslices?fieldSelector=spec.nodeName%3Dnode-0000")
         print(f"shape|{shape}|slices_per_node|{len(s0['items'])}")
         print(f"shape|{shape}|devices_per_node|{sum(len(s['spec'].get('devices', [])) for s in s0['items'])}")
@@ -353,7 +359,7 @@ if __name__ == "__main__":
     if sys.argv[1] == "load":
         load(sys.argv[2], int(sys.argv[3]), sys.argv[4:])
     elif sys.argv[1] == "ready":
-        ready(int(sys.argv[2]), int(sys.argv[3]))
+        ready(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]) if len(sys.argv) > 4 else 0)
     elif sys.argv[1] == "restless":
         restless(float(sys.argv[2]))
     elif sys.argv[1] == "run":

@@ -7,14 +7,17 @@
 # Shape ondemand runs the real components instead of printed slices: one `dra-plugin run
 # --on-demand-mig` per node (no kubelet: it publishes and reconciles its MigLayout without one) and
 # `dra-controller run` with a GPUCluster that turns on-demand MIG on, so created -> bound includes
-# the controller writing MigLayouts and the plugins carving; their CPU is reported too.
+# the controller writing MigLayouts and the plugins carving; their CPU is reported too. Shape
+# ondemand-precarve is the same with `preCarve: [{profile: 1g.10gb, count: SCHED_PRECARVE}]` in the
+# GPUCluster; the clock starts once every node publishes its pre-carved devices.
 # Prints the `sched|...` rows tools/perf-table.py writes into docs/perf.md; method: docs/perf.md.
 #
 # Environment:
 #   SCHED_PLUGIN_BIN (or E2E_PLUGIN_BIN)  a prebuilt dra-plugin (default: cargo build --release)
 #   SCHED_CONTROLLER_BIN  a prebuilt dra-controller (default: cargo build --release)
 #   SCHED_NODES (100; e.g. "100 1000"), SCHED_PODS (200),
-#   SCHED_SHAPES (whole static dynamic ondemand)
+#   SCHED_SHAPES (whole static dynamic ondemand ondemand-precarve)
+#   SCHED_PRECARVE (2)  1g.10gb devices pre-carved per node in shape ondemand-precarve
 #   SCHED_PROFILE (h100-80gb:8)
 #   SCHED_WORK_ROOT  where the work dirs go (default /var/tmp)
 #   SCHED_KEEP_WORKDIR=1  keep them (component logs) after a passing run
@@ -26,7 +29,8 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$ROOT"
 NODES_LIST="${SCHED_NODES:-100}"
 PODS="${SCHED_PODS:-200}"
-SHAPES="${SCHED_SHAPES:-whole static dynamic ondemand}"
+SHAPES="${SCHED_SHAPES:-whole static dynamic ondemand ondemand-precarve}"
+PRECARVE="${SCHED_PRECARVE:-2}"
 PROFILE="${SCHED_PROFILE:-h100-80gb:8}"
 
 echo "== binaries"
@@ -37,7 +41,7 @@ if [ -z "$PLUGIN_BIN" ]; then
   PLUGIN_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/dra-plugin"
 fi
 CONTROLLER_BIN="${SCHED_CONTROLLER_BIN:-}"
-if [ -z "$CONTROLLER_BIN" ] && [[ " $SHAPES " == *" ondemand "* ]]; then
+if [ -z "$CONTROLLER_BIN" ] && [[ " $SHAPES " == *" ondemand"* ]]; then
   nice cargo build --release -q -p dra-controller
   CONTROLLER_BIN="${CARGO_TARGET_DIR:-$ROOT/target}/release/dra-controller"
 fi
@@ -46,7 +50,7 @@ fi
 source "$ROOT/e2e/controlplane/cluster.sh"
 WORK="$(mktemp -d "${SCHED_WORK_ROOT:-/var/tmp}/gpu-dra-sched.XXXXXX")"
 SCHED_PID=""
-ONDEMAND_PIDS=() # the controller and the plugins of shape ondemand
+ONDEMAND_PIDS=() # the controller and the plugins of shapes ondemand*
 stop_ondemand() {
   if [ "${#ONDEMAND_PIDS[@]}" -gt 0 ]; then
     kill "${ONDEMAND_PIDS[@]}" 2>/dev/null || true
@@ -71,12 +75,12 @@ shape_args() { # SHAPE -> dra-plugin slices flags
     whole) echo "" ;;
     static) echo "--mig-layout all-1g.10gb" ;;
     dynamic) echo "--feature-gates DynamicMIG=true" ;;
-    ondemand) echo "--on-demand-mig" ;;
+    ondemand | ondemand-precarve) echo "--on-demand-mig" ;;
     *) echo "unknown shape $1" >&2; return 1 ;;
   esac
 }
 
-# The plugin of node I (0-based) of shape ondemand; its PID goes to ONDEMAND_PIDS[I + 1].
+# The plugin of node I (0-based) of shapes ondemand*; its PID goes to ONDEMAND_PIDS[I + 1].
 start_plugin() {
   local dir="$1" i="$2" name nd
   name=$(printf 'node-%04d' "$i")
@@ -89,13 +93,17 @@ start_plugin() {
   ONDEMAND_PIDS[i + 1]=$!
 }
 
-# Shape ondemand: Nodes without slices, our CRDs, one plugin per node (kubelet sockets in temp dirs
-# that no kubelet reads), then the controller with a GPUCluster whose hold-down (1h) outlasts the
-# run, so nothing merges back while pods arrive. Waits until every plugin publishes its GPUs and
+# Shapes ondemand*: Nodes without slices, our CRDs, one plugin per node (kubelet sockets in temp
+# dirs that no kubelet reads), then the controller with a GPUCluster whose hold-down (1h) outlasts
+# the run, so nothing merges back while pods arrive; PRECARVE 1g.10gb devices kept idle per node
+# when PRECARVE > 0. Waits until every plugin publishes its GPUs (and the pre-carved devices) and
 # reports them in its MigLayout. ONDEMAND_PIDS: the controller first, then the plugins.
 start_ondemand() {
-  local dir="$1" nodes="$2" i name gpus
+  local dir="$1" nodes="$2" precarve="$3" i gpus precarve_yaml=""
   gpus="${PROFILE##*:}"
+  if [ "$precarve" -gt 0 ]; then
+    precarve_yaml=", preCarve: [{profile: 1g.10gb, count: $precarve}]"
+  fi
   export KUBECONFIG="$dir/admin.kubeconfig"
   kubectl apply --server-side -f deploy/crds/crds.yaml >/dev/null
   kubectl wait --for=condition=Established crd --all --timeout=60s >/dev/null
@@ -113,12 +121,12 @@ metadata:
 spec:
   draDriver:
     gpus:
-      onDemandMig: {enabled: true, policy: BinPack, holdDown: 1h}
+      onDemandMig: {enabled: true, policy: BinPack, holdDown: 1h$precarve_yaml}
     computeDomains: {enabled: false}
   migrationPool:
     nodeSelector: {matchLabels: {sched-bench-no-such-pool: "true"}}
 YAML
-  python3 e2e/bench/scheduler.py ready "$nodes" "$gpus"
+  python3 e2e/bench/scheduler.py ready "$nodes" "$gpus" "$precarve"
   # On an idle cluster nothing writes MigLayouts; one that keeps changing means plugins answering
   # their own status writes, a stream of events that would distort every figure of this shape.
   local restless
@@ -147,7 +155,9 @@ for nodes in $NODES_LIST; do
     kill "$PID_kube_scheduler" "$PID_kube_controller_manager" 2>/dev/null || true
     wait "$PID_kube_scheduler" "$PID_kube_controller_manager" 2>/dev/null || true
     if [ "$shape" = ondemand ]; then
-      start_ondemand "$dir" "$nodes"
+      start_ondemand "$dir" "$nodes" 0
+    elif [ "$shape" = ondemand-precarve ]; then
+      start_ondemand "$dir" "$nodes" "$PRECARVE"
     else
       python3 e2e/bench/scheduler.py load "$WORK/slices-$shape.json" "$nodes" deviceclasses/*.yaml
     fi
@@ -162,12 +172,12 @@ for nodes in $NODES_LIST; do
     # Let its informers fill (every slice listed) before the clock starts.
     sleep 3
     cost=""
-    if [ "$shape" = ondemand ]; then
+    if [[ "$shape" == ondemand* ]]; then
       cost="controller=${ONDEMAND_PIDS[0]} plugins=$(IFS=,; echo "${ONDEMAND_PIDS[*]:1}")"
     fi
     SCHED_COST_PIDS="$cost" python3 e2e/bench/scheduler.py run "$shape" "$PODS" "$SCHED_PID" "$port" |
       sed "s/^shape|/shape|$nodes|/" | tee -a "$RESULTS"
-    if [ "$shape" = ondemand ]; then
+    if [[ "$shape" == ondemand* ]]; then
       # Counted from the API before the pods (scheduler.py run): the slices file is not what ran.
       kill "$SCHED_PID" 2>/dev/null || true
       wait "$SCHED_PID" 2>/dev/null || true
@@ -227,8 +237,9 @@ for nodes in sorted({k[0] for k in vals}, key=int):
         except (TypeError, ValueError, ZeroDivisionError):
             ratio = "—"
         print(f"sched|{label}, {nodes} nodes, {pods} pods|{'|'.join(cells)}|{ratio}")
-# On-demand MIG beside whole GPU and dynamic MIG (the odm table): the scheduler's figures as above,
-# then what the mode adds: the controller and all plugins over the same window.
+# On-demand MIG, without and with pre-carving, beside whole GPU and dynamic MIG (the odm table): the
+# scheduler's figures as above, then what the mode adds: the controller and all plugins over the
+# same window. Each on-demand variant gets its ratio to whole GPU and its verdict on the goal.
 odm_rows = [r for r in rows if r[0] != "dra_Filter_ms"] + [
     ("attempts_unschedulable", "scheduling attempts that found no device", "{}"),
     ("controller_cpu_ms_per_pod", "dra-controller CPU per pod (MIG shaper)", "{} ms"),
@@ -236,24 +247,28 @@ odm_rows = [r for r in rows if r[0] != "dra_Filter_ms"] + [
     ("plugins_cpu_ms_per_pod", "dra-plugin CPU per pod, all nodes together", "{} ms"),
     ("plugins_rss_mib_total", "dra-plugin RSS, all nodes together", "{} MiB"),
 ]
-for nodes in sorted({k[0] for k in vals if k[1] == "ondemand"}, key=int):
+odm_shapes = (("ondemand", "on-demand"), ("ondemand-precarve", "pre-carved"))
+for nodes in sorted({k[0] for k in vals if k[1] in dict(odm_shapes)}, key=int):
     for key, label, fmt in odm_rows:
         cells = []
-        for shape in ("whole", "dynamic", "ondemand"):
+        for shape in ("whole", "dynamic", "ondemand", "ondemand-precarve"):
             v = vals.get((nodes, shape, key))
             if key == "devices_per_node" and v is not None:
                 v = f"{v} / {vals.get((nodes, shape, 'slices_per_node'), '?')}"
             elif v is not None:
                 v = fmt.format(v)
             cells.append(v or "—")
-        w, o = vals.get((nodes, "whole", key)), vals.get((nodes, "ondemand", key))
-        try:
-            r = float(o) / float(w)
-            ratio = f"{r:.2f}"
-        except (TypeError, ValueError, ZeroDivisionError):
-            r, ratio = None, "—"
-        goal = "—"
-        if key == "cpu_ms_per_pod" and r is not None:
-            goal = "≤ 2×: met" if r <= 2 else f"≤ 2×: MISSED, {r / 2:.2f}× over"
-        print(f"odm|{label}, {nodes} nodes, {pods} pods|{'|'.join(cells)}|{ratio}|{goal}")
+        ratios, goals = [], []
+        for shape, name in odm_shapes:
+            w, o = vals.get((nodes, "whole", key)), vals.get((nodes, shape, key))
+            try:
+                r = float(o) / float(w)
+                ratios.append(f"{r:.2f}")
+            except (TypeError, ValueError, ZeroDivisionError):
+                r = None
+                ratios.append("—")
+            if key == "cpu_ms_per_pod" and r is not None:
+                goals.append(f"{name} met" if r <= 2 else f"{name} MISSED, {r / 2:.2f}× over")
+        goal = "≤ 2×: " + "; ".join(goals) if goals else "—"
+        print(f"odm|{label}, {nodes} nodes, {pods} pods|{'|'.join(cells)}|{'|'.join(ratios)}|{goal}")
 EOF
