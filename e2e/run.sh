@@ -15,7 +15,8 @@
 #                      e.g. "--test scenarios"
 #   E2E_PLUGIN_BIN     use this dra-plugin binary instead of building it
 #   E2E_KEEP_WORKDIR=1 keep the work dir (all logs) after a passing run too
-#   E2E_CACHE          control-plane binary cache (default ~/.cache/gpu-dra-e2e)
+#   E2E_HELM_BIN       use this helm binary instead of building it (deploy/helm/build-helm.sh)
+#   E2E_CACHE          control-plane and helm binary cache (default ~/.cache/gpu-dra-e2e)
 #   E2E_LOGS           where a failed run's work dir is kept (default /tmp/gpu-dra-e2e-logs)
 #   CARGO_PROFILE_FLAGS e.g. --release
 set -euo pipefail
@@ -33,6 +34,14 @@ echo "== control-plane binaries"
 bstart=$SECONDS
 BIN="$(bash e2e/controlplane/build.sh | tail -n 1)"
 echo "   ($(( SECONDS - bstart ))s)"
+
+echo "== helm (deploy/helm/build-helm.sh: tests/helm_install.rs and controller.rs c5 run it)"
+bstart=$SECONDS
+if [ -z "${E2E_HELM_BIN:-}" ]; then
+  E2E_HELM_BIN="$(bash deploy/helm/build-helm.sh | tail -n 1)"
+  export E2E_HELM_BIN
+fi
+echo "   $E2E_HELM_BIN ($(( SECONDS - bstart ))s)"
 
 echo "== fake container runtime and kubelet-dial (e2e/kubelet-tools)"
 bstart=$SECONDS
