@@ -164,6 +164,8 @@ async fn converge_applies_everything_and_keeps_conflicting_nodes_off_the_plugin(
         ),
         call(Method::PATCH, "/apis/apps/v1/namespaces/gpu-dra/daemonsets/gpu-dra-kubelet-plugin", Reply::Json(ds_reply)),
         call(Method::DELETE, "/apis/apps/v1/namespaces/gpu-dra/deployments/compute-domain-controller", Reply::Status(404)),
+        // spec.dcgmExporter is unset and its template absent: nothing to prune.
+        call(Method::GET, "/apis/resource.k8s.io/v1/namespaces/gpu-dra/resourceclaimtemplates/nvidia-dcgm-exporter", Reply::Status(404)),
         call(Method::PATCH, "/api/v1/nodes/g1", Reply::Echo),
         call(Method::PATCH, "/api/v1/nodes/g2", Reply::Echo),
         call(Method::PATCH, "/apis/nvidia.com/v1alpha1/gpuclusters/gpu-cluster/status", Reply::Json(gc_json)),
@@ -288,6 +290,11 @@ async fn teardown_waits_for_claim_consumers_before_touching_the_plugin() {
             "/apis/apps/v1/namespaces/gpu-dra/daemonsets",
             list("DaemonSet", vec![]),
         ),
+        call(
+            Method::GET,
+            "/apis/resource.k8s.io/v1/namespaces/gpu-dra/resourceclaimtemplates/nvidia-dcgm-exporter",
+            Reply::Status(404),
+        ),
     ];
     let (action, seen) = run(gc, calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(5)));
@@ -324,6 +331,11 @@ async fn teardown_removes_the_plugin_last_then_labels_then_the_finalizer() {
             list("DaemonSet", vec![]),
         ),
         call(
+            Method::GET,
+            "/apis/resource.k8s.io/v1/namespaces/gpu-dra/resourceclaimtemplates/nvidia-dcgm-exporter",
+            Reply::Status(404),
+        ),
+        call(
             Method::DELETE,
             "/apis/apps/v1/namespaces/gpu-dra/daemonsets/gpu-dra-kubelet-plugin",
             Reply::Json(gone),
@@ -339,11 +351,11 @@ async fn teardown_removes_the_plugin_last_then_labels_then_the_finalizer() {
     let (action, seen) = run(gc, calls).await;
     assert_eq!(action, Action::await_change());
     assert_eq!(
-        seen[4].1["metadata"]["labels"],
+        seen[5].1["metadata"]["labels"],
         json!({}),
         "releases every label we own"
     );
-    assert_eq!(seen[5].1["metadata"]["finalizers"], json!(["other/keep"]));
+    assert_eq!(seen[6].1["metadata"]["finalizers"], json!(["other/keep"]));
 }
 
 #[tokio::test]

@@ -241,6 +241,7 @@ async fn converge(gc: &GPUCluster, ctx: &Ctx) -> Result<Action> {
     } else {
         delete(&deployments, CD_CONTROLLER).await?;
     }
+    super::dcgm::converge(client, &target).await?;
 
     label_nodes(client, &plan).await?;
 
@@ -369,6 +370,8 @@ async fn teardown(ctx: &Ctx) -> Result<Teardown> {
     for ds in daemonsets.list(&lp).await?.items {
         consumers_left |= delete(&daemonsets, &ds.name_any()).await?;
     }
+    // The DCGM exporter holds admin-access claims on the plugin's devices.
+    consumers_left |= super::dcgm::prune(client, ns).await?;
     if consumers_left {
         return Ok(Teardown::Waiting("claim consumers"));
     }

@@ -4,6 +4,7 @@ pub mod apply;
 pub mod computedomain;
 pub mod conflict;
 pub mod crd;
+pub mod dcgm;
 pub mod deviceclasses;
 pub mod error;
 pub mod gpucluster;

@@ -38,8 +38,9 @@ pub struct GPUClusterSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "operand_schema")]
     pub dcgm: Option<OperandSpec>,
-    /// The GPU Operator's DCGM exporter. Accepted and kept for the operator's controller; this
-    /// controller does not deploy it.
+    /// The GPU Operator's DCGM exporter: deployed on the DRA nodes unless `enabled: false`, with
+    /// the GPUs of each node through an admin-access claim (`repository`, `image`, `version`,
+    /// `imagePullPolicy`, `imagePullSecrets`, `env`, `args`, `resources` are read; the rest is kept).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(schema_with = "operand_schema")]
     pub dcgm_exporter: Option<OperandSpec>,
@@ -332,8 +333,8 @@ fn default_true() -> bool {
     true
 }
 
-/// An operand of the GPU Operator that this controller does not deploy (`dcgm`, `dcgmExporter`):
-/// `enabled` is read, everything else is kept as written.
+/// An operand of the GPU Operator (`dcgm`, `dcgmExporter`): `enabled` is typed, everything else is
+/// kept as written (`render::dcgm` reads the exporter's image, env and args from it).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 pub struct OperandSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -1,10 +1,15 @@
 //! Pure builders: GPUCluster spec in, the objects the controller applies out.
 mod cdctl;
+mod dcgm;
 mod plugin;
 mod rbac;
 mod vap;
 
 pub use cdctl::{CD_CONTROLLER, cd_controller_deployment};
+pub use dcgm::{
+    ADMIN_ACCESS_LABEL, DCGM_EXPORTER, DCGM_METRICS_PORT, admin_access_namespace,
+    dcgm_claim_template, dcgm_exporter_daemonset, dcgm_exporter_service, enabled_exporter,
+};
 pub use plugin::{
     CDI_ROOT, CONTAINER_DRIVER_ROOT, METRICS_PORT, PLUGIN, PluginPaths, plugin_daemonset,
 };
