@@ -152,7 +152,8 @@ pub async fn delete_applied(client: &Client, applied: &Applied) -> Result<()> {
 }
 
 /// A second kube-controller-manager running only the workload controllers (Deployments,
-/// ReplicaSets, Jobs) for one test; killed when dropped, so no other scenario sees them.
+/// ReplicaSets, Jobs, or those a test names) for one test; killed when dropped, so no other
+/// scenario sees them.
 pub struct WorkloadControllers {
     child: Child,
 }
@@ -161,6 +162,15 @@ impl WorkloadControllers {
     /// Starts `kube-controller-manager` from the directory of `E2E_KUBELET_BIN` (the control
     /// plane's binaries), logging to `log`.
     pub fn start(kubeconfig: &Path, log: &Path) -> Result<WorkloadControllers> {
+        Self::start_only(
+            kubeconfig,
+            log,
+            "deployment-controller,replicaset-controller,job-controller",
+        )
+    }
+
+    /// [`Self::start`] with the given `--controllers` list.
+    pub fn start_only(kubeconfig: &Path, log: &Path, controllers: &str) -> Result<Self> {
         let bin = std::env::var_os("E2E_KUBELET_BIN")
             .map(PathBuf::from)
             .and_then(|k| k.parent().map(|d| d.join("kube-controller-manager")))
@@ -169,7 +179,7 @@ impl WorkloadControllers {
         let child = Command::new(&bin)
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .args(["--leader-elect=false", "--secure-port=0", "--v=1"])
-            .arg("--controllers=deployment-controller,replicaset-controller,job-controller")
+            .arg(format!("--controllers={controllers}"))
             .stdin(Stdio::null())
             .stdout(out.try_clone()?)
             .stderr(out)

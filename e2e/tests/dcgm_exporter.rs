@@ -4,8 +4,8 @@
 //! access. The exporter pod gets both GPUs, the held one included, prepared by our plugin, and the
 //! workload keeps running. Without `dcgmExporter` the DaemonSet and the template go.
 //!
-//! The test cluster runs no DaemonSet controller, so the test creates the pod that controller would
-//! create from the DaemonSet's template (owned by the DaemonSet, pinned to the node by affinity).
+//! kube-controller-manager's DaemonSet controller runs for this test only (a second instance), so
+//! the exporter pod comes from the DaemonSet as in a real cluster.
 //! The controller runs as a subprocess (`E2E_CONTROLLER_BIN`, default `target/debug/dra-controller`).
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -13,13 +13,14 @@ use std::process::Stdio;
 use anyhow::{Context, Result, bail, ensure};
 use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until, yaml_docs};
 use e2e::env_or_skip;
+use e2e::manifests::WorkloadControllers;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
 use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
 };
 use serde_json::json;
 use tokio::process::{Child, Command};
@@ -131,19 +132,18 @@ fn start_controller(env: &Env) -> Result<Child> {
         .with_context(|| format!("starting {}", bin.display()))
 }
 
-/// The pod the DaemonSet controller would create on `node`: the template, owned by the DaemonSet,
-/// with the node affinity that controller adds.
-fn daemon_pod(ds: &DaemonSet, node: &str) -> Result<Pod> {
-    let mut pod = serde_json::to_value(&ds.spec.template)?;
-    pod["metadata"]["name"] = json!(format!("{EXPORTER}-{node}"));
-    pod["metadata"]["ownerReferences"] = json!([{
-        "apiVersion": "apps/v1", "kind": "DaemonSet", "name": ds.name_any(),
-        "uid": ds.uid().context("DaemonSet uid")?, "controller": true, "blockOwnerDeletion": true,
-    }]);
-    pod["spec"]["affinity"] = json!({ "nodeAffinity": { "requiredDuringSchedulingIgnoredDuringExecution": {
-        "nodeSelectorTerms": [{ "matchFields": [{ "key": "metadata.name", "operator": "In", "values": [node] }] }],
-    } } });
-    Ok(serde_json::from_value(pod)?)
+/// The pod the DaemonSet controller created for `ds` on `node`, once there is one.
+async fn daemon_pod(env: &Env, ds: &DaemonSet, node: &str) -> Result<Pod> {
+    let uid = ds.uid().context("DaemonSet uid")?;
+    wait_until("the DaemonSet controller's exporter pod", WAIT, || async {
+        let pods = env.pods().list(&ListParams::default()).await?.items;
+        Ok(pods.into_iter().find(|p| {
+            let owned = p.owner_references().iter().any(|o| o.uid == uid);
+            let on_node = p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+            owned && on_node
+        }))
+    })
+    .await
 }
 
 /// CDI IDs the runtime got for `pod` (successful CreateContainer calls).
@@ -206,7 +206,13 @@ async fn dx1_exporter_gets_every_gpu_with_admin_access() -> Result<()> {
         .await?;
     apply_gpucluster(&env, true).await?;
     let mut controller = start_controller(&env)?;
+    let daemonsets = WorkloadControllers::start_only(
+        &env.kubeconfig,
+        &env.work.join("dx1-daemonset-controller.log"),
+        "daemonset-controller",
+    )?;
     let outcome = exporter_scenario(&env, node, &work, &held[0].device, &work_cdi).await;
+    drop(daemonsets);
     let finished = finish(&env, &mut controller).await;
     outcome?;
     finished?;
@@ -258,8 +264,7 @@ async fn exporter_scenario(
     })
     .await?;
 
-    let pod = daemon_pod(&ds, node)?;
-    env.pods().create(&PostParams::default(), &pod).await?;
+    let pod = daemon_pod(env, &ds, node).await?;
     let pod_name = pod.name_any();
     let exporter = env.wait_running(&pod_name).await?;
     check_exporter_claim(env, node, &exporter, held).await?;
