@@ -21,8 +21,8 @@ use kube::discovery::{Discovery, Scope};
 use serde_json::Value;
 use tokio::process::Command;
 
-const TEST: &str = "h1_helm_lint_template_install_upgrade_uninstall";
-const NODE: &str = "h1-a";
+const TEST: &str = "hm1_helm_lint_template_install_upgrade_uninstall";
+const NODE: &str = "hm1-a";
 const RELEASE: &str = "gpu-dra";
 const CONTROLLER: &str = "gpu-dra-controller";
 /// Every kind the chart may render (with or without the webhook, cert-manager, the GPUCluster).
@@ -189,17 +189,17 @@ fn running_on_node(p: &Pod) -> bool {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
+async fn hm1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
     let mut env = env_or_skip!(TEST);
     let helm = Helm {
         bin: helm_bin(&env.repo).await?,
-        home: env.work.join("h1-helm"),
+        home: env.work.join("hm1-helm"),
         kubeconfig: env.kubeconfig.clone(),
         chart: env.repo.join("deploy/helm/gpu-dra-driver"),
         ns: env.ns.clone(),
     };
     let version = helm.run(&["version", "--template", "{{.Version}}"]).await?;
-    println!("h1: {} {version}", helm.bin.display());
+    println!("hm1: {} {version}", helm.bin.display());
 
     // lint, with the defaults and with the GPUCluster.
     for extra in [&[][..], &["--set", "gpuCluster.deployCR=true"][..]] {
@@ -211,7 +211,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
             "helm lint {extra:?}:\n{out}"
         );
     }
-    println!("h1: helm lint --strict passed");
+    println!("hm1: helm lint --strict passed");
 
     // The values of the install: the controller on this test's node, any image (nothing pulls).
     let node_selector = format!("controller.nodeSelector.e2e-test={TEST}");
@@ -243,7 +243,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
     );
     let mut names: Vec<String> = rendered.iter().map(kind_name).collect();
     names.sort();
-    println!("h1: helm template: {}", names.join(", "));
+    println!("hm1: helm template: {}", names.join(", "));
     for want in ["Deployment/gpu-dra-controller", "GPUCluster/gpu-cluster"] {
         ensure!(
             names.iter().any(|n| n == want),
@@ -257,7 +257,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
     // A RefCell: the waits below check, each round, that it is still alive.
     let controllers = std::cell::RefCell::new(WorkloadControllers::start(
         &env.kubeconfig,
-        &env.work.join("h1-controllers.log"),
+        &env.work.join("hm1-controllers.log"),
     )?);
     let mut args = vec!["install", RELEASE, helm.chart(), "--namespace", &env.ns];
     args.extend_from_slice(&values);
@@ -296,7 +296,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
         );
     }
     println!(
-        "h1: helm install: deployed, {} objects in the API server, CRDs {crds:?}",
+        "hm1: helm install: deployed, {} objects in the API server, CRDs {crds:?}",
         objects.len()
     );
 
@@ -311,7 +311,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
         },
     )
     .await?;
-    println!("h1: {replicas} controller pods Running on {NODE} through the kubelet");
+    println!("hm1: {replicas} controller pods Running on {NODE} through the kubelet");
 
     // upgrade: one replica, verbosity 4 (a new pod template, so a new ReplicaSet).
     let mut args = vec!["upgrade", RELEASE, helm.chart(), "--namespace", &env.ns];
@@ -342,7 +342,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
             .then_some(()))
     })
     .await?;
-    println!("h1: helm upgrade: revision 2, replicas 1, a LOG_VERBOSITY=4 pod Running");
+    println!("hm1: helm upgrade: revision 2, replicas 1, a LOG_VERBOSITY=4 pod Running");
 
     // uninstall: every object of the release gone, the pods with them, the CRDs kept.
     let objects = helm.manifest().await?;
@@ -370,7 +370,7 @@ async fn h1_helm_lint_template_install_upgrade_uninstall() -> Result<()> {
         "helm status still finds the release after uninstall"
     );
     println!(
-        "h1: helm uninstall: {} objects and the pods gone, CRDs kept",
+        "hm1: helm uninstall: {} objects and the pods gone, CRDs kept",
         objects.len()
     );
     drop(controllers);
