@@ -7,6 +7,7 @@
 //! real one never sends, and [`env::Env`] ties them to Node objects for one scenario.
 
 pub mod cdi;
+pub mod controller;
 pub mod env;
 pub mod grpc;
 pub mod kubelet;

@@ -11,19 +11,15 @@
 //! another, each with a claim for a 3g.40gb; the pods stay, so every pod needs a new device. It
 //! prints `odm|` rows (p50 and max) for tools/perf-table.py. A bench, not a check: it runs only with
 //! `E2E_BENCH_MIG_LATENCY=1` (the make target sets it) and asserts nothing about the times.
-use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, Result, bail};
-use e2e::env::{Env, PodClaim, WAIT, wait_until, yaml_docs};
+use anyhow::{Result, bail};
+use e2e::controller::{apply_crds, controller_log, nvidia_api, start_controller};
+use e2e::env::{Env, PodClaim, WAIT, wait_until};
 use e2e::env_or_skip;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams,
-};
+use kube::api::{DeleteParams, Patch, PatchParams};
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const TEMPLATE: &str = r#"
 apiVersion: resource.k8s.io/v1
@@ -44,64 +40,11 @@ spec:
 
 const GPUS: usize = 8;
 
-fn api_of(env: &Env, kind: &str, plural: &str) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", kind);
-    Api::all_with(
-        env.client.clone(),
-        &ApiResource::from_gvk_with_plural(&gvk, plural),
-    )
-}
-
-/// Server-side applies `deploy/crds/crds.yaml` and waits until each CRD is Established.
-async fn apply_crds(env: &Env) -> Result<()> {
-    let text = std::fs::read_to_string(env.repo.join("deploy/crds/crds.yaml"))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    for doc in yaml_docs(&text)? {
-        let name = doc["metadata"]["name"].as_str().context("CRD name")?;
-        let ssa = PatchParams::apply("e2e").force();
-        crds.patch(name, &ssa, &Patch::Apply(&doc)).await?;
-        wait_until(&format!("CRD {name} Established"), WAIT, || async {
-            let conds = crds
-                .get(name)
-                .await?
-                .status
-                .and_then(|s| s.conditions)
-                .unwrap_or_default();
-            Ok(conds
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(()))
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 /// `dra-controller run` for the scenario's namespace; returns once it leads (its log says so), so
 /// the first pod does not also time the controller's start.
-async fn start_controller(env: &Env) -> Result<Child> {
-    let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| env.repo.join("target/debug/dra-controller"));
-    std::fs::create_dir_all(&env.work)?;
-    let path = env.work.join(format!("controller-{}.log", env.test));
-    let log = std::fs::File::create(&path)?;
-    let mut child = Command::new(&bin)
-        .args([
-            "run",
-            "--namespace",
-            &env.ns,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--controllers", "gpucluster", "--identity", &env.test])
-        .env("KUBECONFIG", &env.kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
+async fn start_leading_controller(env: &Env) -> Result<Child> {
+    let mut child = start_controller(env)?;
+    let path = controller_log(env);
     let deadline = Instant::now() + WAIT;
     while !std::fs::read_to_string(&path)
         .unwrap_or_default()
@@ -194,7 +137,7 @@ async fn bench_mig_latency() -> Result<()> {
     apply_crds(&env).await?;
     env.add_node(ondemand, &["--profile", &profile, "--on-demand-mig"])
         .await?;
-    let layouts = api_of(&env, "MigLayout", "miglayouts");
+    let layouts = nvidia_api(&env, "MigLayout", "miglayouts");
     wait_until("the plugin reports its GPUs", WAIT, || async {
         let l = layouts.get_opt(ondemand).await?;
         let gpus = l.and_then(|l| l.data["status"]["gpus"].as_array().map(Vec::len));
@@ -213,12 +156,12 @@ async fn bench_mig_latency() -> Result<()> {
             "migrationPool": { "nodeSelector": { "matchLabels": { "e2e-no-such-pool": "true" } } },
         },
     });
-    let clusters = api_of(&env, "GPUCluster", "gpuclusters");
+    let clusters = nvidia_api(&env, "GPUCluster", "gpuclusters");
     let ssa = PatchParams::apply("e2e").force();
     clusters
         .patch("gpu-cluster", &ssa, &Patch::Apply(&gc))
         .await?;
-    let mut controller = start_controller(&env).await?;
+    let mut controller = start_leading_controller(&env).await?;
     let odm_times = one_after_another(&env, ondemand, n).await?;
     delete_all(&env, ondemand, n).await?;
 

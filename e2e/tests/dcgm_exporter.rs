@@ -7,23 +7,19 @@
 //! kube-controller-manager's DaemonSet controller runs for this test only (a second instance), so
 //! the exporter pod comes from the DaemonSet as in a real cluster.
 //! The controller runs as a subprocess (`E2E_CONTROLLER_BIN`, default `target/debug/dra-controller`).
-use std::path::PathBuf;
-use std::process::Stdio;
 
-use anyhow::{Context, Result, bail, ensure};
-use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until, yaml_docs};
+use anyhow::{Context, Result, ensure};
+use e2e::controller::{apply_crds, nvidia_api, start_controller};
+use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until};
 use e2e::env_or_skip;
 use e2e::manifests::WorkloadControllers;
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, Service};
 use k8s_openapi::api::resource::v1::ResourceClaimTemplate;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::ResourceExt;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const EXPORTER: &str = "nvidia-dcgm-exporter";
 const ADMIN_ACCESS_LABEL: &str = "resource.kubernetes.io/admin-access";
@@ -44,39 +40,6 @@ spec:
           deviceClassName: gpu.nvidia.com
 "#;
 
-fn gpuclusters(env: &Env) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster");
-    Api::all_with(
-        env.client.clone(),
-        &ApiResource::from_gvk_with_plural(&gvk, "gpuclusters"),
-    )
-}
-
-/// Our CRDs from `deploy/crds/crds.yaml`, each Established.
-async fn apply_crds(env: &Env) -> Result<()> {
-    let text = std::fs::read_to_string(env.repo.join("deploy/crds/crds.yaml"))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    for doc in yaml_docs(&text)? {
-        let name = doc["metadata"]["name"].as_str().context("CRD name")?;
-        crds.patch(
-            name,
-            &PatchParams::apply("e2e").force(),
-            &Patch::Apply(&doc),
-        )
-        .await?;
-        wait_until(&format!("CRD {name} Established"), WAIT, || async {
-            let conds = crds.get(name).await?.status.and_then(|s| s.conditions);
-            Ok(conds
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(()))
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 /// The GPUCluster, its pool the scenario's node, with `dcgmExporter` when `exporter`. Applied as a
 /// whole by one field manager, so leaving the field out removes it.
 async fn apply_gpucluster(env: &Env, exporter: bool) -> Result<()> {
@@ -92,7 +55,7 @@ async fn apply_gpucluster(env: &Env, exporter: bool) -> Result<()> {
         "apiVersion": "nvidia.com/v1alpha1", "kind": "GPUCluster",
         "metadata": { "name": "gpu-cluster" }, "spec": spec,
     });
-    gpuclusters(env)
+    nvidia_api(env, "GPUCluster", "gpuclusters")
         .patch(
             "gpu-cluster",
             &PatchParams::apply("e2e").force(),
@@ -100,36 +63,6 @@ async fn apply_gpucluster(env: &Env, exporter: bool) -> Result<()> {
         )
         .await?;
     Ok(())
-}
-
-fn start_controller(env: &Env) -> Result<Child> {
-    let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| env.repo.join("target/debug/dra-controller"));
-    if !bin.exists() {
-        bail!(
-            "{} not found: `cargo build -p dra-controller`",
-            bin.display()
-        );
-    }
-    std::fs::create_dir_all(&env.work)?;
-    let log = std::fs::File::create(env.work.join(format!("controller-{}.log", env.test)))?;
-    Command::new(&bin)
-        .args([
-            "run",
-            "--namespace",
-            &env.ns,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--controllers", "gpucluster", "--identity", &env.test])
-        .env("KUBECONFIG", &env.kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))
 }
 
 /// The pod the DaemonSet controller created for `ds` on `node`, once there is one.
@@ -365,11 +298,11 @@ async fn check_exporter_claim(env: &Env, node: &str, pod: &Pod, held: &str) -> R
 /// Deletes the GPUCluster while the controller runs (its finalizer needs it), then stops it.
 async fn finish(env: &Env, controller: &mut Child) -> Result<()> {
     let alive = controller.try_wait()?.is_none();
-    gpuclusters(env)
+    nvidia_api(env, "GPUCluster", "gpuclusters")
         .delete("gpu-cluster", &DeleteParams::default())
         .await?;
     wait_until("GPUCluster gone", WAIT, || async {
-        Ok(gpuclusters(env)
+        Ok(nvidia_api(env, "GPUCluster", "gpuclusters")
             .get_opt("gpu-cluster")
             .await?
             .is_none()

@@ -4,19 +4,15 @@
 //! the scheduler places the pod and it runs. Once the pod is gone, the GPU goes back to whole.
 //!
 //! The controller runs as a subprocess (`E2E_CONTROLLER_BIN`, default `target/debug/dra-controller`).
-use std::path::PathBuf;
-use std::process::Stdio;
 
-use anyhow::{Context, Result, bail, ensure};
-use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until, yaml_docs};
+use anyhow::{Result, ensure};
+use e2e::controller::{apply_crds, nvidia_api, start_controller};
+use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until};
 use e2e::env_or_skip;
 use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
-};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
 
 const TEMPLATES: &str = r#"
 apiVersion: resource.k8s.io/v1
@@ -62,41 +58,6 @@ spec:
               expression: "device.attributes['gpu.nvidia.com'].profile == '3g.40gb'"
 "#;
 
-fn gpuclusters(env: &Env) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster");
-    let ar = ApiResource::from_gvk_with_plural(&gvk, "gpuclusters");
-    Api::all_with(env.client.clone(), &ar)
-}
-
-/// MigLayouts, read untyped: the e2e crate builds `gpu-dra-api` without its `crd` feature.
-fn layouts(env: &Env) -> Api<DynamicObject> {
-    let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "MigLayout");
-    let ar = ApiResource::from_gvk_with_plural(&gvk, "miglayouts");
-    Api::all_with(env.client.clone(), &ar)
-}
-
-/// Server-side applies `deploy/crds/crds.yaml` (GPUCluster, ComputeDomain, MigLayout) and waits
-/// until each CRD is Established.
-async fn apply_crds(env: &Env) -> Result<()> {
-    let text = std::fs::read_to_string(env.repo.join("deploy/crds/crds.yaml"))?;
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    for doc in yaml_docs(&text)? {
-        let name = doc["metadata"]["name"].as_str().context("CRD name")?;
-        let ssa = PatchParams::apply("e2e").force();
-        crds.patch(name, &ssa, &Patch::Apply(&doc)).await?;
-        wait_until(&format!("CRD {name} Established"), WAIT, || async {
-            let c = crds.get(name).await?;
-            let conds = c.status.and_then(|s| s.conditions).unwrap_or_default();
-            Ok(conds
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True")
-                .then_some(()))
-        })
-        .await?;
-    }
-    Ok(())
-}
-
 /// The GPUCluster with on-demand MIG on; its migration pool selects no node, so the GPUCluster
 /// reconciler leaves the scenario's node as it is.
 async fn apply_gpucluster(env: &Env, hold_down: &str) -> Result<()> {
@@ -112,42 +73,10 @@ async fn apply_gpucluster(env: &Env, hold_down: &str) -> Result<()> {
         },
     });
     let ssa = PatchParams::apply("e2e").force();
-    gpuclusters(env)
+    nvidia_api(env, "GPUCluster", "gpuclusters")
         .patch("gpu-cluster", &ssa, &Patch::Apply(&gc))
         .await?;
     Ok(())
-}
-
-/// `dra-controller run` against the test cluster, its log in the work dir.
-fn start_controller(env: &Env) -> Result<Child> {
-    let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| env.repo.join("target/debug/dra-controller"));
-    if !bin.exists() {
-        bail!(
-            "{} not found: `cargo build -p dra-controller`",
-            bin.display()
-        );
-    }
-    std::fs::create_dir_all(&env.work)?;
-    let log = std::fs::File::create(env.work.join(format!("controller-{}.log", env.test)))?;
-    let child = Command::new(&bin)
-        .args([
-            "run",
-            "--namespace",
-            &env.ns,
-            "--metrics-addr",
-            "127.0.0.1:0",
-        ])
-        .args(["--controllers", "gpucluster", "--identity", &env.test])
-        .env("KUBECONFIG", &env.kubeconfig)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::from(log.try_clone()?))
-        .stderr(Stdio::from(log))
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting {}", bin.display()))?;
-    Ok(child)
 }
 
 /// Waits until the node publishes every device of `present` and none of `absent`.
@@ -164,7 +93,7 @@ async fn wait_devices(env: &Env, node: &str, present: &[&str], absent: &[&str]) 
 
 /// The MIG devices the node's spec asks for, over all GPUs, as `profile@start`.
 async fn spec_devices(env: &Env, node: &str) -> Result<Vec<String>> {
-    let l = layouts(env).get(node).await?;
+    let l = nvidia_api(env, "MigLayout", "miglayouts").get(node).await?;
     let gpus = l.data["spec"]["gpus"]
         .as_array()
         .cloned()
@@ -178,7 +107,9 @@ async fn spec_devices(env: &Env, node: &str) -> Result<Vec<String>> {
 
 /// How many GPUs the node's plugin reports in its MigLayout status.
 async fn reported_gpus(env: &Env, node: &str) -> Result<usize> {
-    let l = layouts(env).get_opt(node).await?;
+    let l = nvidia_api(env, "MigLayout", "miglayouts")
+        .get_opt(node)
+        .await?;
     Ok(
         l.and_then(|l| l.data["status"]["gpus"].as_array().map(Vec::len))
             .unwrap_or(0),
@@ -205,11 +136,11 @@ async fn setup(env: &mut Env, node: &str, gpus: usize) -> Result<Child> {
 /// controller, and tears the scenario down.
 async fn finish(env: Env, mut controller: Child, node: &str) -> Result<()> {
     ensure!(controller.try_wait()?.is_none(), "dra-controller exited");
-    gpuclusters(&env)
+    nvidia_api(&env, "GPUCluster", "gpuclusters")
         .delete("gpu-cluster", &DeleteParams::default())
         .await?;
     wait_until("GPUCluster gone", WAIT, || async {
-        Ok(gpuclusters(&env)
+        Ok(nvidia_api(&env, "GPUCluster", "gpuclusters")
             .get_opt("gpu-cluster")
             .await?
             .is_none()
@@ -217,7 +148,9 @@ async fn finish(env: Env, mut controller: Child, node: &str) -> Result<()> {
     })
     .await?;
     controller.kill().await?;
-    layouts(&env).delete(node, &Default::default()).await?;
+    nvidia_api(&env, "MigLayout", "miglayouts")
+        .delete(node, &Default::default())
+        .await?;
     env.check_violations()?;
     env.teardown().await
 }
