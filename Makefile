@@ -14,8 +14,9 @@ run:
 build:
 	cargo build --workspace --all-targets
 
-## Every test: unit + integration (cargo), then the real control plane (e2e/run.sh).
-test: unit e2e
+## Every test: unit + integration (cargo), then the real control plane (e2e/run.sh), then the
+## container image packed from e2e's debug binaries (image-check-dev).
+test: unit e2e image-check-dev
 
 unit:
 	@start=$$SECONDS; cargo test --workspace && \
@@ -83,3 +84,18 @@ nvidia-manifests:
 ## What a simulated node publishes.
 slices:
 	cargo run -q -p dra-plugin -- slices --backend simulated --profile h100-80gb:8 --node-name node-1 --feature-gates DynamicMIG=true -o yaml
+
+.PHONY: image image-check image-check-dev
+
+## The container image without a base image, daemon or registry: prints
+## target/image/gpu-dra-driver-<tag>.oci.tar (an OCI layout as a tar; docs/image.md).
+image:
+	nice bash deploy/image/build.sh
+
+## Builds the release image, unpacks it and runs both binaries inside it, NVML through mock-nvml/.
+image-check:
+	nice bash deploy/image/check.sh
+
+## The same check on an image of the debug binaries e2e/run.sh builds: no second build in CI.
+image-check-dev:
+	IMAGE_PROFILE=dev bash deploy/image/check.sh
