@@ -61,15 +61,17 @@ LIBDIR="$(dirname "$LIBC")"                     # /lib/x86_64-linux-gnu on Debia
 MULTIARCH="$(basename "$LIBDIR")"
 mkdir -p "$ROOTFS/usr/lib/$MULTIARCH"
 
-# What the binaries link, plus what libnvidia-ml.so.1 links (libm, libpthread, libdl, librt: the
-# last three are stubs since glibc 2.34 but NVML still names them), which the plugin dlopens.
-needed=(libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libgcc_s.so.1)
-for b in "${BINS[@]}"; do
-  while read -r lib; do needed+=("$lib"); done < <(ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// { print $1 }')
-done
-for lib in $(printf '%s\n' "${needed[@]}" | sort -u); do
+# glibc's libraries that the driver's own binaries name (libnvidia-ml.so.1, which the plugin
+# dlopens, and nvidia-cuda-mps-control, which it runs; libpthread, libdl and librt are stubs since
+# glibc 2.34 but older builds still name them), then whatever our binaries link.
+for lib in libc.so.6 libm.so.6 libpthread.so.0 libdl.so.2 librt.so.1 libgcc_s.so.1; do
   [ -e "$LIBDIR/$lib" ] || { echo "$lib not found in $LIBDIR" >&2; exit 1; }
   cp -L "$LIBDIR/$lib" "$ROOTFS/usr/lib/$MULTIARCH/$lib"
+done
+for b in "${BINS[@]}"; do
+  ldd "$b" | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | while read -r lib path; do
+    [ -e "$ROOTFS/usr/lib/$MULTIARCH/$lib" ] || cp -L "$path" "$ROOTFS/usr/lib/$MULTIARCH/$lib"
+  done
 done
 cp -L "$INTERP" "$ROOTFS/usr/lib/$MULTIARCH/$(basename "$INTERP")"
 # The ELF interpreter path the binaries (and the host's NVIDIA tools, e.g. nvidia-cuda-mps-control) ask for.
