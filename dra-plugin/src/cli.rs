@@ -19,6 +19,8 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once at start and moved out right away: boxing the big variant would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the kubelet (registration + DRA sockets) and publish this node's ResourceSlices.
     Run(RunArgs),
