@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-peers`: our kubelet plugin side by side with kubernetes-sigs/dra-example-driver, each on
 # its own node of one real control plane (etcd + kube-apiserver from e2e/controlplane), driven in the
-# same minutes by kubelet-tools' peer-bench, which dials both as the kubelet does. Prints the
+# same minutes by kubelet-tools' peer-bench, which dials both as the kubelet does. Two pairings,
+# one after the other: both writing the claims' status.devices, and neither writing it. Prints the
 # `peer|...` rows tools/perf-table.py writes into docs/perf.md; method and flags: docs/peers.md.
 #
 # Environment:
