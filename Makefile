@@ -4,7 +4,7 @@ SHELL := /bin/bash
 export GOTOOLCHAIN := local
 FILTER ?=
 
-.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-scheduler bench-mig-latency bench-controller slices build clean-e2e nvidia-manifests
+.PHONY: run test unit e2e lint bench bench-plugin bench-sim bench-peers bench-publish bench-scheduler bench-mig-latency bench-controller slices build clean-e2e nvidia-manifests
 
 ## The main job: which device would the scheduler give examples/claims/inference-gpu.yaml on a
 ## simulated H100 x8 node with dynamic MIG? (DeviceClasses and the node are embedded.)
@@ -55,6 +55,11 @@ bench-sim:
 ## driven like the kubelet drives them (~6 min warm); method in docs/peers.md.
 bench-peers:
 	set -o pipefail; bash e2e/bench/peers.sh | python3 tools/perf-table.py docs/perf.md
+
+## One node's slices on a real kube-apiserver (B200 x8, dynamic MIG): start -> all on a watch,
+## bytes as stored and on a kubelet's / scheduler's watch, at idle and over a plugin restart.
+bench-publish:
+	set -o pipefail; bash e2e/bench/publish.sh | python3 tools/perf-table.py docs/perf.md
 
 ## The real kube-scheduler 1.37.2 placing pods with claims on Nodes carrying our slices (whole GPU,
 ## static MIG, dynamic MIG, on-demand MIG with the real plugins and controller); no kubelets.

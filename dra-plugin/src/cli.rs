@@ -19,6 +19,8 @@ pub struct Cli {
 }
 
 #[derive(Subcommand, Debug)]
+// Parsed once at start and moved out right away: boxing the big variant would save nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Command {
     /// Serve the kubelet (registration + DRA sockets) and publish this node's ResourceSlices.
     Run(RunArgs),
@@ -184,6 +186,10 @@ pub struct RunArgs {
     /// use two cores.
     #[arg(long, env = "WORKER_THREADS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
     pub worker_threads: u16,
+    /// Write each prepared claim's `status.devices` (KEP-4817) and clear it at unprepare: two
+    /// server-side applies per claim. `false` writes nothing, as NVIDIA's plugin.
+    #[arg(long, env = "CLAIM_DEVICE_STATUS", default_value_t = true, action = clap::ArgAction::Set)]
+    pub claim_device_status: bool,
     /// Rolling upgrades (kubelet 1.33+): this pod's UID, from the downward API. Names the
     /// sockets per pod so that the old and the new pod serve side by side, and shares the
     /// checkpoint between them through a lock. Empty: the fixed socket names.
@@ -306,6 +312,16 @@ mod tests {
             Command::Run(a) => Ok(a),
             other => panic!("parsed as {other:?}"),
         }
+    }
+
+    #[test]
+    fn claim_device_status_defaults_to_on_and_turns_off() {
+        assert!(run(&[]).unwrap().claim_device_status);
+        assert!(
+            !run(&["--claim-device-status", "false"])
+                .unwrap()
+                .claim_device_status
+        );
     }
 
     #[test]

@@ -475,7 +475,7 @@ fn claim_outputs(
     let metadata = gates
         .enabled("DeviceMetadata")
         .then(|| MetadataWriter::new(&dev.driver_name, &args.plugin_dir, &args.cdi_root));
-    let status = client.map(|c| {
+    let status = client.filter(|_| args.claim_device_status).map(|c| {
         Arc::new(ApiClaimStatus::spawn(
             c.clone(),
             &dev.driver_name,

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `make bench-peers`: our kubelet plugin side by side with kubernetes-sigs/dra-example-driver, each on
 # its own node of one real control plane (etcd + kube-apiserver from e2e/controlplane), driven in the
-# same minutes by kubelet-tools' peer-bench, which dials both as the kubelet does. Prints the
+# same minutes by kubelet-tools' peer-bench, which dials both as the kubelet does. Two pairings,
+# one after the other: both writing the claims' status.devices, and neither writing it. Prints the
 # `peer|...` rows tools/perf-table.py writes into docs/perf.md; method and flags: docs/peers.md.
 #
 # Environment:
@@ -109,31 +110,46 @@ start_ours() { # NODE ARGS...
   PIDS+=("$!")
 }
 
-start_example() { # NODE
-  local d
-  d="$(node_dirs "$1")"
+start_example() { # NODE [VAR=VALUE...]
+  local node=$1 d; shift
+  d="$(node_dirs "$node")"
   # Its API client defaults to 5 QPS, which caps it at ~5 pairs/s (one claim GET per prepare):
   # raised, as in the first baseline, so that the plugin and not its rate limiter is measured.
-  NODE_NAME="$1" NUM_DEVICES=8 CDI_ROOT="$d/cdi" KUBECONFIG="$KUBECONFIG_FILE" KUBE_API_QPS=1000 \
-    KUBELET_REGISTRAR_DIRECTORY_PATH="$d/registry" KUBELET_PLUGINS_DIRECTORY_PATH="$d/plugins" \
+  env NODE_NAME="$node" NUM_DEVICES=8 CDI_ROOT="$d/cdi" KUBECONFIG="$KUBECONFIG_FILE" KUBE_API_QPS=1000 \
+    KUBELET_REGISTRAR_DIRECTORY_PATH="$d/registry" KUBELET_PLUGINS_DIRECTORY_PATH="$d/plugins" "$@" \
     "$CACHE/bin/dra-example-kubeletplugin" >"$d/plugin.log" 2>&1 &
   PIDS+=("$!")
 }
 
+# Two like-for-like pairings on the same control plane: both plugins writing the claim's
+# status.devices (ours by default, theirs with GPU_DEVICE_STATUS=true), and neither writing it.
 echo "== plugins (work dir $WORK)"
 start_ours peer-ours --profile h100-80gb:8
 OURS_PID=${PIDS[-1]}
+start_example peer-theirs-status GPU_DEVICE_STATUS=true
+THEIRS_STATUS_PID=${PIDS[-1]}
+start_ours peer-ours-nostatus --profile h100-80gb:8 --claim-device-status=false
+OURS_NOSTATUS_PID=${PIDS[-1]}
 start_example peer-theirs
 THEIRS_PID=${PIDS[-1]}
 start_ours peer-ours-largest --profile "$LARGEST_PROFILE" --feature-gates "$LARGEST_GATES"
 LARGEST_PID=${PIDS[-1]}
 
-echo "== peer-bench"
-"$TOOLS/peer-bench" --kubeconfig "$KUBECONFIG_FILE" \
-  --plugin "name=ours,registrar=$WORK/nodes/peer-ours/registry,node=peer-ours,pid=$OURS_PID" \
-  --plugin "name=theirs,registrar=$WORK/nodes/peer-theirs/registry,node=peer-theirs,pid=$THEIRS_PID" \
+peer_bench() { # LABEL OURS_NODE OURS_PID THEIRS_NODE THEIRS_PID [ARGS...]
+  local label=$1 on=$2 op=$3 tn=$4 tp=$5; shift 5
+  "$TOOLS/peer-bench" --kubeconfig "$KUBECONFIG_FILE" --label "$label" \
+    --plugin "name=ours,registrar=$WORK/nodes/$on/registry,node=$on,pid=$op" \
+    --plugin "name=theirs,registrar=$WORK/nodes/$tn/registry,node=$tn,pid=$tp" \
+    --concurrency "${PEER_CONCURRENCY:-1,16,64}" --rounds "${PEER_ROUNDS:-3}" \
+    --phase "${PEER_PHASE:-8s}" --apiserver-pid "$(cat "$CLUSTER_DIR/kube-apiserver.pid")" "$@"
+}
+
+echo "== peer-bench: both write status.devices"
+peer_bench "both write status.devices" peer-ours "$OURS_PID" peer-theirs-status "$THEIRS_STATUS_PID" \
+  --namespace peer-bench-status \
   --idle-plugin "name=ours-largest,registrar=$WORK/nodes/peer-ours-largest/registry,node=peer-ours-largest,pid=$LARGEST_PID" \
-  --idle-label "$LARGEST_PROFILE $LARGEST_GATES" \
-  --concurrency "${PEER_CONCURRENCY:-1,16,64}" --rounds "${PEER_ROUNDS:-3}" \
-  --phase "${PEER_PHASE:-8s}" --idle-settle "${PEER_IDLE_SETTLE:-20s}" \
-  --apiserver-pid "$(cat "$CLUSTER_DIR/kube-apiserver.pid")"
+  --idle-label "$LARGEST_PROFILE $LARGEST_GATES" --idle-settle "${PEER_IDLE_SETTLE:-20s}"
+# These two idled through the first pairing: their idle RSS needs no further wait.
+echo "== peer-bench: neither writes status.devices"
+peer_bench "neither writes status.devices" peer-ours-nostatus "$OURS_NOSTATUS_PID" peer-theirs "$THEIRS_PID" \
+  --namespace peer-bench-nostatus --idle-settle 1s

@@ -81,11 +81,18 @@ pub fn allocation_from_claim(
     })
 }
 
+/// Claim reads in flight at once. The client speaks HTTP/1.1, so each read in flight holds a
+/// TLS connection of its own, which stays in the pool afterwards: a burst of 64 prepares would
+/// otherwise leave 64 connections (and their buffers) open. A busy API server answers no faster
+/// with more.
+const MAX_CLAIM_READS: usize = 8;
+
 /// Reads claims from the API server.
 pub struct ApiClaims {
     client: kube::Client,
     driver: String,
     pool: String,
+    reads: tokio::sync::Semaphore,
 }
 
 impl ApiClaims {
@@ -94,6 +101,7 @@ impl ApiClaims {
             client,
             driver: driver.into(),
             pool: pool.into(),
+            reads: tokio::sync::Semaphore::new(MAX_CLAIM_READS),
         }
     }
 }
@@ -105,10 +113,10 @@ impl ClaimSource for ApiClaims {
     ) -> BoxFuture<'a, Result<ClaimAllocation, Error>> {
         async move {
             let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-            let obj = api
-                .get_opt(&claim.name)
-                .await?
-                .ok_or_else(|| Error::ClaimNotFound(claim.key()))?;
+            let permit = self.reads.acquire().await.expect("never closed");
+            let obj = api.get_opt(&claim.name).await;
+            drop(permit);
+            let obj = obj?.ok_or_else(|| Error::ClaimNotFound(claim.key()))?;
             allocation_from_claim(&obj, claim, &self.driver, &self.pool)
         }
         .boxed()

@@ -18,6 +18,11 @@ use tracing::{debug, info, warn};
 use crate::Error;
 use crate::metrics::{Metrics, gauge_count};
 
+/// Re-list our slices this often even when nothing happened. The watch on them already pokes a
+/// pass on any change (and on every re-list after a broken watch), so this is only a backstop,
+/// and each pass is a LIST of every slice of the node.
+const RESYNC: Duration = Duration::from_secs(600);
+
 pub struct Publisher {
     client: kube::Client,
     opts: SliceOptions,
@@ -197,9 +202,12 @@ impl Publisher {
         loop {
             let snapshot = contents.borrow_and_update().clone();
             let wait = match self.sync(&snapshot).await {
-                Ok(_) => {
+                Ok(wrote) => {
+                    if wrote {
+                        release_free_memory();
+                    }
                     backoff = Duration::from_millis(200);
-                    Duration::from_secs(60)
+                    RESYNC
                 }
                 Err(e) => {
                     self.metrics.publish_errors.inc();
@@ -224,6 +232,16 @@ impl Publisher {
             }
         }
         watch_task.abort();
+    }
+}
+
+/// A pass that wrote built every slice and its JSON, then freed them: glibc keeps such freed
+/// pages in the process until told otherwise, and they would stay in the idle RSS.
+fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free heap pages to the kernel; it is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
     }
 }
 

@@ -237,10 +237,19 @@ impl Worker {
         let doc = status_patch(&self.driver, &self.node, &w.claim, &w.devices, &now);
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &w.claim.namespace);
         let params = PatchParams::apply(gpu_dra_api::names::PLUGIN_COMPONENT).force();
-        match api
-            .patch_status(&w.claim.name, &params, &Patch::Apply(&doc))
-            .await
-        {
+        // The reply is the whole claim, managed fields included, and nothing reads it: taking it
+        // as text skips decoding it into a ResourceClaim (API errors still come back as such).
+        let req = kube::core::Request::new(api.resource_url()).patch_subresource(
+            "status",
+            &w.claim.name,
+            &params,
+            &Patch::Apply(&doc),
+        );
+        let req = match req {
+            Ok(r) => r,
+            Err(e) => return Outcome::Dropped(e.to_string()),
+        };
+        match self.client.request_text(req).await {
             Ok(_) => Outcome::Done,
             Err(e) => classify(e),
         }

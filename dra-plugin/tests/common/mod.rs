@@ -58,6 +58,7 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
         boot_id_file: dir.join("boot_id"),
         health_hold_down_seconds: 1,
         worker_threads: 1,
+        claim_device_status: true,
         rolling_update_uid: None,
     }
 }

@@ -15,6 +15,7 @@
 //	peer-bench --kubeconfig PATH --plugin name=ours,registrar=DIR,node=N,pid=P
 //	    --plugin name=theirs,registrar=DIR,node=N,pid=P [--idle-plugin name=..,...]
 //	    [--concurrency 1,16,64] [--rounds 3] [--phase 8s] [--idle-settle 20s] [--apiserver-pid P]
+//	    [--label TEXT]
 package main
 
 import (
@@ -36,6 +37,7 @@ type options struct {
 	idle         []pluginSpec
 	ours         string
 	largestLabel string
+	label        string
 	devices      int
 	levels       []int
 	rounds       int
@@ -80,6 +82,7 @@ func parseOptions(args []string) (options, error) {
 	fs.Var(specList{&o.idle}, "idle-plugin", "plugin measured at idle only, then sent SIGTERM (at most one, ours)")
 	fs.StringVar(&o.ours, "ours", "ours", "name of our plugin among --plugin; the other is theirs")
 	fs.StringVar(&o.largestLabel, "idle-label", "largest profile", "what the --idle-plugin runs, for the figure's name")
+	fs.StringVar(&o.label, "label", "", "what sets this pairing apart (e.g. how each is configured), appended to every figure's name")
 	fs.IntVar(&o.devices, "devices", 8, "devices each plugin under load publishes")
 	levels := fs.String("concurrency", "1,16,64", "concurrent callers per phase, rising")
 	fs.IntVar(&o.rounds, "rounds", 3, "rounds over every concurrency")

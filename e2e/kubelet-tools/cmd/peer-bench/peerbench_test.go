@@ -186,3 +186,17 @@ func TestPhaseAgainstGoPlugin(t *testing.T) {
 		}
 	}
 }
+
+func TestLabelNamesEveryPairedFigure(t *testing.T) {
+	l := level{Pairs: 10, Wall: time.Second, CPU: time.Second}
+	rep := report{Levels: []int{1}, Rounds: 1, Ours: map[int]*level{1: &l}, Theirs: map[int]*level{1: &l},
+		LargestKiB: 1024, LargestLabel: "big", Label: "both write status"}
+	var out bytes.Buffer
+	rep.write(&out)
+	for line := range strings.SplitSeq(strings.TrimSpace(out.String()), "\n") {
+		figure := strings.Split(line, "|")[1]
+		if strings.HasSuffix(figure, ", both write status") == strings.Contains(figure, "big") {
+			t.Errorf("figure %q: the label belongs on every paired figure and not on the largest profile's", figure)
+		}
+	}
+}

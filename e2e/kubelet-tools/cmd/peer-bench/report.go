@@ -137,6 +137,17 @@ type report struct {
 	// The idle RSS of our plugin with its largest profile (0: not measured), and what it is.
 	LargestKiB   int64
 	LargestLabel string
+	// Appended to every figure but the largest profile's: which pairing of settings this is.
+	Label string
+}
+
+// name is a figure's name with the pairing's label, if any.
+func (r *report) name(format string, args ...any) string {
+	n := fmt.Sprintf(format, args...)
+	if r.Label != "" {
+		n += ", " + r.Label
+	}
+	return n
 }
 
 func (r *report) write(w io.Writer) {
@@ -147,24 +158,24 @@ func (r *report) write(w io.Writer) {
 			o, t []time.Duration
 		}{{"prepare", o.Prepare, t.Prepare}, {"unprepare", o.Unprepare, t.Unprepare}} {
 			for _, p := range []float64{50, 99} {
-				row(w, fmt.Sprintf("%s p%.0f, %d concurrent", op.name, p, c),
+				row(w, r.name("%s p%.0f, %d concurrent", op.name, p, c),
 					ms(percentile(op.o, p)), ms(percentile(op.t, p)), "%.2f", "ms", noGoal)
 			}
 		}
-		cpuRow(w, fmt.Sprintf("plugin CPU: prepare/unprepare pairs per CPU second, %d concurrent", c), o, t)
-		row(w, fmt.Sprintf("prepare/unprepare pairs per second, %d concurrent", c),
+		cpuRow(w, r.name("plugin CPU: prepare/unprepare pairs per CPU second, %d concurrent", c), o, t)
+		row(w, r.name("prepare/unprepare pairs per second, %d concurrent", c),
 			float64(o.Pairs)/o.Wall.Seconds(), float64(t.Pairs)/t.Wall.Seconds(), "%.0f", "", noGoal)
 		if o.APICPU > 0 || t.APICPU > 0 {
-			row(w, fmt.Sprintf("kube-apiserver CPU per pair, %d concurrent", c),
+			row(w, r.name("kube-apiserver CPU per pair, %d concurrent", c),
 				o.apiMicrosPerPair(), t.apiMicrosPerPair(), "%.0f", "µs", noGoal)
 		}
 	}
 	top := r.Levels[len(r.Levels)-1]
 	o, t := r.Ours[top], r.Theirs[top]
-	row(w, fmt.Sprintf("prepare p99, %d concurrent, worst round", top), ms(o.WorstPrepareP99), ms(t.WorstPrepareP99), "%.2f", "ms", latencyGoal)
-	row(w, fmt.Sprintf("unprepare p99, %d concurrent, worst round", top), ms(o.WorstUnprepareP99), ms(t.WorstUnprepareP99), "%.2f", "ms", latencyGoal)
-	row(w, "peak RSS (VmHWM) over the run", mib(r.OursMem.PeakKiB), mib(r.TheirsMem.PeakKiB), "%.1f", "MiB", rssGoal)
-	row(w, "RSS at idle, 8 devices", mib(r.OursMem.IdleKiB), mib(r.TheirsMem.IdleKiB), "%.1f", "MiB", rssGoal)
+	row(w, r.name("prepare p99, %d concurrent, worst round", top), ms(o.WorstPrepareP99), ms(t.WorstPrepareP99), "%.2f", "ms", latencyGoal)
+	row(w, r.name("unprepare p99, %d concurrent, worst round", top), ms(o.WorstUnprepareP99), ms(t.WorstUnprepareP99), "%.2f", "ms", latencyGoal)
+	row(w, r.name("peak RSS (VmHWM) over the run"), mib(r.OursMem.PeakKiB), mib(r.TheirsMem.PeakKiB), "%.1f", "MiB", rssGoal)
+	row(w, r.name("RSS at idle, 8 devices"), mib(r.OursMem.IdleKiB), mib(r.TheirsMem.IdleKiB), "%.1f", "MiB", rssGoal)
 	if r.LargestKiB > 0 {
 		row(w, fmt.Sprintf("RSS at idle, ours (%s) vs theirs (8 devices)", r.LargestLabel),
 			mib(r.LargestKiB), mib(r.TheirsMem.IdleKiB), "%.1f", "MiB", rssGoal)

@@ -48,7 +48,7 @@ func run(ctx context.Context, o options) error {
 	if err != nil {
 		return err
 	}
-	rep := report{Levels: o.levels, Rounds: o.rounds, LargestKiB: largest, LargestLabel: largestLabel}
+	rep := report{Levels: o.levels, Rounds: o.rounds, LargestKiB: largest, LargestLabel: largestLabel, Label: o.label}
 	return finish(o, rep, levels, idle)
 }
 
