@@ -59,6 +59,7 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
         health_hold_down_seconds: 1,
         worker_threads: 1,
         rolling_update_uid: None,
+        max_nodes_per_imex_domain: 18,
     }
 }
 
