@@ -25,6 +25,8 @@ const WORKLOAD_RCT: &str =
 const DAEMON_RCT: &str = "/apis/resource.k8s.io/v1/namespaces/gpu-dra/resourceclaimtemplates/compute-domain-daemon-0b7c6f0e-3d1a-4c55-9a55-0c2f4f1d2e3a";
 const DAEMON_DS: &str = "/apis/apps/v1/namespaces/gpu-dra/daemonsets/compute-domain-daemon-0b7c6f0e-3d1a-4c55-9a55-0c2f4f1d2e3a";
 const DAEMON_PODS: &str = "/api/v1/namespaces/gpu-dra/pods";
+const CLIQUES: &str = "/apis/resource.nvidia.com/v1beta1/namespaces/gpu-dra/computedomaincliques";
+const CLIQUE: &str = "/apis/resource.nvidia.com/v1beta1/namespaces/gpu-dra/computedomaincliques/0b7c6f0e-3d1a-4c55-9a55-0c2f4f1d2e3a.cl.1";
 
 fn ctx() -> (Arc<Ctx>, Handle) {
     let (client, handle, metrics) = controller_mock::client();
@@ -37,6 +39,7 @@ fn ctx() -> (Arc<Ctx>, Handle) {
                 command: vec!["nvidia-imex".into(), "-c".into(), "/imexd/imexd.cfg".into()],
             },
             metrics,
+            cliques: false,
         }),
         handle,
     )
@@ -277,10 +280,18 @@ async fn teardown_removes_template_and_node_labels_then_the_finalizer() {
     let cd = deleting(json!([names::COMPUTE_DOMAIN_FINALIZER, "other/keep"]));
     let cd_json = serde_json::to_value(&cd).unwrap();
     let node = json!({ "metadata": { "name": "node-a", "labels": { names::COMPUTE_DOMAIN_NODE_LABEL: UID } } });
+    let clique = json!({ "metadata": { "name": format!("{UID}.cl.1"), "namespace": "gpu-dra" } });
     let calls = vec![
         call(Method::DELETE, WORKLOAD_RCT, Reply::Status(404)),
         call(Method::DELETE, DAEMON_DS, Reply::Status(404)),
         call(Method::DELETE, DAEMON_RCT, gone()),
+        // Cliques go whatever the gate says now.
+        call(
+            Method::GET,
+            CLIQUES,
+            list("ComputeDomainClique", vec![clique]),
+        ),
+        call(Method::DELETE, CLIQUE, gone()),
         call(Method::GET, "/api/v1/nodes", list("Node", vec![node])),
         call(
             Method::PATCH,
@@ -291,19 +302,21 @@ async fn teardown_removes_template_and_node_labels_then_the_finalizer() {
     ];
     let (action, seen) = run(cd, calls).await;
     assert_eq!(action, Action::await_change());
-    assert!(
-        seen[3].0.contains(&format!(
-            "labelSelector=resource.nvidia.com%2FcomputeDomain%3D{UID}"
-        )),
-        "{}",
-        seen[3].0
-    );
+    for i in [3, 5] {
+        assert!(
+            seen[i].0.contains(&format!(
+                "labelSelector=resource.nvidia.com%2FcomputeDomain%3D{UID}"
+            )),
+            "{}",
+            seen[i].0
+        );
+    }
     assert_eq!(
-        seen[4].1,
+        seen[6].1,
         json!({ "metadata": { "labels": { names::COMPUTE_DOMAIN_NODE_LABEL: null } } })
     );
-    assert_eq!(seen[5].1["metadata"]["finalizers"], json!(["other/keep"]));
-    assert_eq!(seen[5].1["metadata"]["resourceVersion"], "11");
+    assert_eq!(seen[7].1["metadata"]["finalizers"], json!(["other/keep"]));
+    assert_eq!(seen[7].1["metadata"]["resourceVersion"], "11");
 }
 
 #[tokio::test]

@@ -63,8 +63,8 @@ fn crdgen_subcommand_prints_the_committed_crds() {
 fn the_charts_ownership_check_looks_for_the_label_our_crds_carry() {
     let (key, value) = dra_controller::controller::crd::CRD_OWNER_LABEL;
     let yaml = dra_controller::controller::crd::crds_yaml().unwrap();
-    // GPUCluster, ComputeDomain, MigLayout.
-    assert_eq!(yaml.matches(&format!("{key}: {value}")).count(), 3);
+    // GPUCluster, ComputeDomain, ComputeDomainClique, MigLayout.
+    assert_eq!(yaml.matches(&format!("{key}: {value}")).count(), 4);
     let check = std::fs::read_to_string(committed(
         "deploy/helm/gpu-dra-driver/templates/crd-check.yaml",
     ))

@@ -18,6 +18,8 @@ pub struct Cli {
     pub command: Command,
 }
 
+// Parsed once at startup: boxing the large `run` arguments would save nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 // Parsed once at start and moved out right away: boxing the big variant would save nothing.
 #[allow(clippy::large_enum_variant)]
@@ -195,6 +197,10 @@ pub struct RunArgs {
     /// checkpoint between them through a lock. Empty: the fixed socket names.
     #[arg(long, env = "POD_UID")]
     pub rolling_update_uid: Option<String>,
+    /// NVIDIA's flag: DNS names in an IMEX daemon's nodes config (compute-domain driver with
+    /// IMEXDaemonsWithDNSNames), i.e. the most nodes one clique of a ComputeDomain can have.
+    #[arg(long, env = "MAX_NODES_PER_IMEX_DOMAIN", default_value_t = gpu_dra_api::cdclique::DEFAULT_MAX_NODES_PER_IMEX_DOMAIN)]
+    pub max_nodes_per_imex_domain: u32,
 }
 
 /// Our port when neither `METRICS_PORT` nor `HTTP_ENDPOINT` is set.

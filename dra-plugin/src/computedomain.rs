@@ -1,7 +1,8 @@
 //! The compute-domain driver (`compute-domain.nvidia.com`): one IMEX channel device and one IMEX
 //! daemon device per node. Preparing a channel injects the channel's device node through CDI and
 //! labels the node with the domain, which is what lands the domain's daemon DaemonSet there;
-//! preparing the daemon device hands the daemon its per-domain config directory.
+//! preparing the daemon device hands the daemon its per-domain config directory (with
+//! `IMEXDaemonsWithDNSNames`, a DNS-name nodes config and a hosts file, see [`hosts`]).
 //!
 //! Run with `dra-plugin run --driver-name compute-domain.nvidia.com` next to the GPU plugin.
 use std::collections::BTreeMap;
@@ -75,8 +76,16 @@ pub trait NodeLabeler: Send + Sync + 'static {
     fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>>;
 }
 
+/// `IMEXDaemonsWithDNSNames`: how many DNS names the nodes config lists, and who keeps each
+/// prepared daemon's hosts file current (none in offline mode).
+pub struct DnsNames {
+    pub max_nodes: u32,
+    pub hosts: Option<Arc<dyn hosts::CliqueHosts>>,
+}
+
 pub struct ComputeDomainState {
     checkpoint: Checkpoint,
+    dns: Option<DnsNames>,
     cdi_root: PathBuf,
     plugin_dir: PathBuf,
     channels_dir: PathBuf,
@@ -103,8 +112,53 @@ impl ComputeDomainState {
             plugin_dir,
             channels_dir,
             labeler,
+            dns: None,
             lock: tokio::sync::Mutex::new(()),
         }
+    }
+
+    /// Turns on DNS-name mode (`IMEXDaemonsWithDNSNames`).
+    pub fn with_dns_names(mut self, dns: DnsNames) -> Self {
+        self.dns = Some(dns);
+        self
+    }
+
+    fn domain_dir(&self, domain_id: &str) -> PathBuf {
+        self.plugin_dir.join("domains").join(domain_id)
+    }
+
+    /// After a restart: follow the cliques of every daemon claim the checkpoint holds.
+    pub fn resume_hosts(&self) {
+        let Some(follower) = self.dns.as_ref().and_then(|d| d.hosts.as_ref()) else {
+            return;
+        };
+        for r in self.checkpoint.claims().values() {
+            for h in &r.hardware {
+                if let Ok(Holding::Daemon { domain_id }) = serde_json::from_value(h.clone()) {
+                    let path = self.domain_dir(&domain_id).join("hosts");
+                    follower.follow(&domain_id, &r.namespace, path);
+                }
+            }
+        }
+    }
+
+    /// The daemon's config files: `imexd.cfg`, plus in DNS-name mode `nodes.cfg` and `hosts`.
+    fn write_daemon_config(&self, domain_id: &str, dir: &std::path::Path) -> Result<(), Error> {
+        let mut cfg = format!("IMEX_DOMAIN={domain_id}\nSERVER_PORT=50000\n");
+        if let Some(dns) = &self.dns {
+            cfg.push_str("IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg\n");
+            let nodes = dir.join("nodes.cfg");
+            let names = gpu_dra_api::cdclique::dns_nodes_config(dns.max_nodes);
+            write_atomic(&nodes, names.as_bytes()).map_err(|e| Error::io("writing", &nodes, e))?;
+            let hosts_path = dir.join("hosts");
+            // Kept when present: a running daemon's bind mount must keep its inode.
+            if !hosts_path.exists() {
+                hosts::write_hosts(&hosts_path, "")
+                    .map_err(|e| Error::io("writing", &hosts_path, e))?;
+            }
+        }
+        let path = dir.join("imexd.cfg");
+        write_atomic(&path, cfg.as_bytes()).map_err(|e| Error::io("writing", &path, e))
     }
 
     pub fn spec_path(&self, uid: &str) -> PathBuf {
@@ -256,25 +310,32 @@ impl ComputeDomainState {
                         ))
                         .into());
                     };
-                    let dir = self.plugin_dir.join("domains").join(&domain_id);
+                    let dir = self.domain_dir(&domain_id);
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| Error::io("creating the domain directory", &dir, e))?;
-                    let cfg = dir.join("imexd.cfg");
-                    write_atomic(
-                        &cfg,
-                        format!("IMEX_DOMAIN={domain_id}\nSERVER_PORT=50000\n").as_bytes(),
-                    )
-                    .map_err(|e| Error::io("writing", &cfg, e))?;
+                    self.write_daemon_config(&domain_id, &dir)?;
                     holdings.push(Holding::Daemon {
                         domain_id: domain_id.clone(),
                     });
+                    let mut mounts = vec![Mount {
+                        host_path: dir.to_string_lossy().into_owned(),
+                        container_path: "/imexd".into(),
+                        options: vec!["rw".into(), "bind".into()],
+                    }];
+                    if let Some(dns) = &self.dns {
+                        // The daemon resolves the DNS names of nodes.cfg through this file.
+                        mounts.push(Mount {
+                            host_path: dir.join("hosts").to_string_lossy().into_owned(),
+                            container_path: "/etc/hosts".into(),
+                            options: vec!["ro".into(), "bind".into()],
+                        });
+                        if let Some(f) = &dns.hosts {
+                            f.follow(&domain_id, &alloc.claim.namespace, dir.join("hosts"));
+                        }
+                    }
                     ContainerEdits {
                         env: vec![format!("COMPUTE_DOMAIN_UUID={domain_id}")],
-                        mounts: vec![Mount {
-                            host_path: dir.to_string_lossy().into_owned(),
-                            container_path: "/imexd".into(),
-                            options: vec!["rw".into(), "bind".into()],
-                        }],
+                        mounts,
                         ..Default::default()
                     }
                 }
@@ -349,6 +410,14 @@ impl ComputeDomainState {
         let Some(record) = self.checkpoint.get(uid) else {
             return Ok(());
         };
+        let daemon_domains: Vec<String> = record
+            .hardware
+            .iter()
+            .filter_map(|h| match serde_json::from_value::<Holding>(h.clone()) {
+                Ok(Holding::Daemon { domain_id }) => Some(domain_id),
+                _ => None,
+            })
+            .collect();
         let held_channel = record.hardware.iter().any(|h| {
             matches!(
                 serde_json::from_value::<Holding>(h.clone()),
@@ -360,6 +429,11 @@ impl ComputeDomainState {
                 c.remove(uid);
             })
             .await?;
+        if let Some(f) = self.dns.as_ref().and_then(|d| d.hosts.as_ref()) {
+            for d in daemon_domains {
+                f.stop(&d);
+            }
+        }
         if held_channel
             && self.domains_in_use(uid).is_empty()
             && let Some(l) = &self.labeler
@@ -423,5 +497,6 @@ impl NodeLabeler for KubeNodeLabeler {
     }
 }
 
+pub mod hosts;
 #[cfg(test)]
 mod tests;

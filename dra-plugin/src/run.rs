@@ -374,7 +374,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
 /// `dra-plugin run --driver-name compute-domain.nvidia.com`: the IMEX channel and daemon devices.
 async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     use crate::computedomain::{
-        CHANNELS_DIR, ComputeDomainState, KubeNodeLabeler, NodeLabeler, pool_contents,
+        CHANNELS_DIR, ComputeDomainState, DnsNames, KubeNodeLabeler, NodeLabeler, pool_contents,
     };
     let dev = &args.device;
     let metrics = Arc::new(Metrics::new());
@@ -404,13 +404,25 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
             node: dev.node_name.clone(),
         }) as Arc<dyn NodeLabeler>
     });
-    let state = Arc::new(ComputeDomainState::new(
+    use crate::computedomain::hosts::{CliqueHosts, KubeCliqueHosts};
+    let mut state = ComputeDomainState::new(
         checkpoint,
         args.cdi_root.clone(),
         args.plugin_dir.clone(),
         CHANNELS_DIR.into(),
         labeler,
-    ));
+    );
+    if FeatureGates::parse(&dev.feature_gates)?.enabled("IMEXDaemonsWithDNSNames") {
+        let hosts = client.clone().map(|c| {
+            Arc::new(KubeCliqueHosts::new(c, dev.node_name.clone())) as Arc<dyn CliqueHosts>
+        });
+        state = state.with_dns_names(DnsNames {
+            max_nodes: args.max_nodes_per_imex_domain,
+            hosts,
+        });
+        state.resume_hosts();
+    }
+    let state = Arc::new(state);
     let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
         (Some(dir), _) => Arc::new(FileClaims::new(
             dir.clone(),

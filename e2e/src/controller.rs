@@ -20,7 +20,8 @@ pub fn nvidia_api(env: &Env, kind: &str, plural: &str) -> Api<DynamicObject> {
     )
 }
 
-/// Server-side applies `deploy/crds/crds.yaml` (GPUCluster, ComputeDomain, MigLayout) and waits
+/// Server-side applies `deploy/crds/crds.yaml` (GPUCluster, ComputeDomain, ComputeDomainClique,
+/// MigLayout) and waits
 /// until each CRD is Established.
 pub async fn apply_crds(env: &Env) -> Result<()> {
     let text = std::fs::read_to_string(env.repo.join("deploy/crds/crds.yaml"))?;
@@ -50,6 +51,12 @@ pub fn controller_log(env: &Env) -> PathBuf {
 /// `dra-controller run --controllers gpucluster` for the scenario's namespace
 /// (`E2E_CONTROLLER_BIN`, default `target/debug/dra-controller`), killed when dropped.
 pub fn start_controller(env: &Env) -> Result<Child> {
+    start_controller_with(env, "gpucluster", &[])
+}
+
+/// `dra-controller run --controllers <controllers>` with extra environment (e.g. `FEATURE_GATES`),
+/// otherwise as [`start_controller`].
+pub fn start_controller_with(env: &Env, controllers: &str, vars: &[(&str, &str)]) -> Result<Child> {
     let bin = std::env::var_os("E2E_CONTROLLER_BIN")
         .map(PathBuf::from)
         .unwrap_or_else(|| env.repo.join("target/debug/dra-controller"));
@@ -64,7 +71,8 @@ pub fn start_controller(env: &Env) -> Result<Child> {
     Command::new(&bin)
         .args(["run", "--namespace", &env.ns])
         .args(["--metrics-addr", "127.0.0.1:0"])
-        .args(["--controllers", "gpucluster", "--identity", &env.test])
+        .args(["--controllers", controllers, "--identity", &env.test])
+        .envs(vars.iter().copied())
         .env("KUBECONFIG", &env.kubeconfig)
         .env("RUST_LOG", "info")
         .stdout(Stdio::from(log.try_clone()?))

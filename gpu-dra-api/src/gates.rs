@@ -106,9 +106,7 @@ pub const GATES: &[Gate] = &[
         stage: Stage::Beta,
         origin: Origin::Driver,
         used_by: &[Cd, Ctl],
-        support: Support::NoEffect(
-            "the IMEX daemons started here have no DNS-name or IP-list mode to choose between",
-        ),
+        support: Support::Implemented,
     },
     Gate {
         name: "PassthroughSupport",
@@ -140,9 +138,7 @@ pub const GATES: &[Gate] = &[
         stage: Stage::Beta,
         origin: Origin::Driver,
         used_by: &[Cd, Ctl],
-        support: Support::NoEffect(
-            "no ComputeDomainClique objects are written; daemon state goes into ComputeDomain status",
-        ),
+        support: Support::Implemented,
     },
     Gate {
         name: "CrashOnNVLinkFabricErrors",

@@ -4,6 +4,8 @@
 //! types it touches are the ResourceSlice shapes in [`slices`], so the simulator and the plugin
 //! publish from the very same builder.
 
+#[cfg(feature = "crd")]
+pub mod cdclique;
 pub mod config;
 pub mod gates;
 pub mod inventory;

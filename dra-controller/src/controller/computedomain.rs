@@ -2,6 +2,9 @@
 //! a per-domain IMEX daemon DaemonSet and that DaemonSet's ResourceClaimTemplate in the driver
 //! namespace, and the domain's status; on deletion everything goes in order, then the finalizer.
 //!
+//! With `ComputeDomainCliques` on, the daemons also go into ComputeDomainClique objects
+//! ([`super::cdclique`]) and the status is built from those, as NVIDIA does.
+//!
 //! The daemon objects live in the driver namespace, where a namespaced ComputeDomain cannot own them
 //! (owner references never cross namespaces), so they carry the domain's UID as a label and the
 //! finalizer is what removes them.
@@ -27,6 +30,7 @@ use serde_json::{Value, json};
 use tracing::{info, instrument};
 
 use super::apply::{apply, delete, delete_background, params, set_finalizer};
+use super::cdclique;
 use super::crd::{
     AllocationMode, ComputeDomain, ComputeDomainNode, ComputeDomainStatus, DomainStatus,
 };
@@ -56,6 +60,8 @@ pub struct Ctx {
     /// Image and command of the IMEX daemon container.
     pub daemon: DaemonImage,
     pub metrics: Arc<Metrics>,
+    /// `ComputeDomainCliques`: daemons go into ComputeDomainClique objects, and status from there.
+    pub cliques: bool,
 }
 
 /// What the per-domain daemon pods run.
@@ -348,8 +354,12 @@ pub async fn reconcile(cd: Arc<ComputeDomain>, ctx: Arc<Ctx>) -> Result<Action> 
     let pods = Api::<Pod>::namespaced(client.clone(), driver_ns)
         .list(&ListParams::default().labels(&format!("{COMPUTE_DOMAIN_NODE_LABEL}={uid}")))
         .await?;
-    let previous = cd.status.as_ref().map_or(&[][..], |s| s.nodes.as_slice());
-    let status = aggregate(previous, &pods.items, cd.spec.num_nodes);
+    let status = if ctx.cliques {
+        cdclique::sync(client, driver_ns, &uid, &pods.items, cd.spec.num_nodes).await?
+    } else {
+        let previous = cd.status.as_ref().map_or(&[][..], |s| s.nodes.as_slice());
+        aggregate(previous, &pods.items, cd.spec.num_nodes)
+    };
     // An unchanged status is not written again: each write would wake every watcher of the object.
     if cd.status.as_ref() != Some(&status) {
         let body = json!({
@@ -400,6 +410,10 @@ async fn teardown(cd: &ComputeDomain, ctx: &Ctx) -> Result<Option<&'static str>>
     .await?
     {
         return Ok(Some("daemon ResourceClaimTemplate"));
+    }
+    // Cliques are deleted whatever the gate says now: it may have been on when they were written.
+    if cdclique::delete_all(client, driver_ns, &uid).await? {
+        return Ok(Some("ComputeDomainCliques"));
     }
     let nodes: Api<Node> = Api::all(client.clone());
     let labelled = nodes

@@ -1,6 +1,7 @@
 //! The cluster controller: GPUCluster (DeviceClasses, kubelet plugin, RBAC, VAP, migration pool) and
 //! ComputeDomains, behind leader election, with metrics and health endpoints.
 pub mod apply;
+pub mod cdclique;
 pub mod computedomain;
 pub mod conflict;
 pub mod crd;
@@ -69,6 +70,10 @@ pub struct RunArgs {
         default_value = "nvidia-imex,-c,/imexd/imexd.cfg"
     )]
     pub daemon_command: Vec<String>,
+    /// NVIDIA's driver feature gates (`Name=bool,...`); the ComputeDomain controller reads
+    /// `ComputeDomainCliques` and `IMEXDaemonsWithDNSNames`.
+    #[arg(long, env = "FEATURE_GATES", default_value = "")]
+    pub feature_gates: String,
     /// Address of the `/metrics`, `/healthz` and `/readyz` endpoint.
     #[arg(long, default_value = "0.0.0.0:8080")]
     pub metrics_addr: SocketAddr,
@@ -197,7 +202,12 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
         )));
     }
     if args.controllers.contains(&ControllerKind::Computedomain) {
+        let gates = gpu_dra_api::gates::FeatureGates::parse(&args.feature_gates)?;
+        for n in gates.without_effect(gpu_dra_api::gates::Component::ComputeDomainController) {
+            warn!(gate = n.gate, value = n.value, "{n}");
+        }
         let ctx = Arc::new(computedomain::Ctx {
+            cliques: gates.enabled("ComputeDomainCliques"),
             client: client.clone(),
             namespace: args.namespace.clone(),
             daemon: computedomain::DaemonImage {

@@ -186,6 +186,107 @@ async fn a_daemon_claim_gets_its_domain_directory() {
     let _ = &f.dir;
 }
 
+#[derive(Default)]
+struct FakeFollower(Mutex<Vec<String>>);
+
+impl hosts::CliqueHosts for FakeFollower {
+    fn follow(&self, uid: &str, namespace: &str, path: PathBuf) {
+        self.0
+            .lock()
+            .unwrap()
+            .push(format!("follow {uid} {namespace} {}", path.display()));
+    }
+    fn stop(&self, uid: &str) {
+        self.0.lock().unwrap().push(format!("stop {uid}"));
+    }
+}
+
+#[tokio::test]
+async fn dns_names_give_the_daemon_a_name_list_and_a_followed_hosts_file() {
+    let Fixture {
+        dir,
+        state,
+        labeler,
+    } = fixture();
+    let follower = Arc::new(FakeFollower::default());
+    let state = state.with_dns_names(DnsNames {
+        max_nodes: 3,
+        hosts: Some(follower.clone() as Arc<dyn hosts::CliqueHosts>),
+    });
+    let f = Fixture {
+        dir,
+        state,
+        labeler,
+    };
+    f.state
+        .prepare(&claim(
+            "u1",
+            "daemon-0",
+            "ComputeDomainDaemonConfig",
+            json!({"domainID": "d-9"}),
+        ))
+        .await
+        .unwrap();
+    let s = spec(&f, "u1");
+    let mounts: Vec<(&str, &str)> = s.devices[0]
+        .container_edits
+        .mounts
+        .iter()
+        .map(|m| (m.host_path.as_str(), m.container_path.as_str()))
+        .collect();
+    let dir = f.dir.path().join("plugin/domains/d-9");
+    let hosts_path = dir.join("hosts");
+    assert_eq!(
+        mounts,
+        [
+            (dir.to_str().unwrap(), "/imexd"),
+            (hosts_path.to_str().unwrap(), "/etc/hosts")
+        ]
+    );
+    let cfg = std::fs::read_to_string(dir.join("imexd.cfg")).unwrap();
+    assert!(
+        cfg.contains("IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg"),
+        "{cfg}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("nodes.cfg")).unwrap(),
+        "compute-domain-daemon-0000\ncompute-domain-daemon-0001\ncompute-domain-daemon-0002\n"
+    );
+    let hosts_text = std::fs::read_to_string(&hosts_path).unwrap();
+    assert!(
+        hosts_text.starts_with("127.0.0.1\tlocalhost\n"),
+        "{hosts_text}"
+    );
+    assert_eq!(
+        *follower.0.lock().unwrap(),
+        [format!("follow d-9 ns {}", hosts_path.display())]
+    );
+    f.state.unprepare("u1").await.unwrap();
+    assert_eq!(follower.0.lock().unwrap().last().unwrap(), "stop d-9");
+}
+
+#[test]
+fn the_hosts_mapping_is_the_clique_that_lists_this_node() {
+    let c = |name: &str, nodes: &[(&str, &str, i32)]| {
+        let v = json!({
+            "metadata": { "name": name },
+            "daemons": nodes.iter().map(|(n, ip, i)| json!({
+                "nodeName": n, "ipAddress": ip, "cliqueID": "c", "index": i, "status": "Ready",
+            })).collect::<Vec<_>>(),
+        });
+        Arc::new(serde_json::from_value(v).unwrap())
+    };
+    let cliques = vec![
+        c("d.c1", &[("x", "10.0.0.9", 0)]),
+        c("d.c2", &[("me", "10.0.0.1", 0), ("y", "10.0.0.2", 1)]),
+    ];
+    assert_eq!(
+        hosts::mapping_for(&cliques, "me"),
+        "10.0.0.1\tcompute-domain-daemon-0000\n10.0.0.2\tcompute-domain-daemon-0001\n"
+    );
+    assert_eq!(hosts::mapping_for(&cliques, "nobody"), "");
+}
+
 #[tokio::test]
 async fn bad_configs_are_per_claim_errors_naming_the_field() {
     let f = fixture();

@@ -60,6 +60,7 @@ pub fn offline_args(dir: &Path, profile: &str, gates: &str, layout: Option<&str>
         worker_threads: 1,
         claim_device_status: true,
         rolling_update_uid: None,
+        max_nodes_per_imex_domain: 18,
     }
 }
 

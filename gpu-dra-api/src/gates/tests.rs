@@ -207,14 +207,10 @@ fn gates_without_effect_are_listed_for_the_binaries_they_matter_to() {
         names(&d, Component::GpuPlugin).is_empty(),
         "nothing asked for"
     );
-    // NVIDIA's default-on compute-domain gates do nothing here, and say so.
+    // Of NVIDIA's default-on compute-domain gates, only the fabric-error one does nothing here.
     assert_eq!(
         names(&d, Component::ComputeDomainPlugin),
-        [
-            "IMEXDaemonsWithDNSNames",
-            "ComputeDomainCliques",
-            "CrashOnNVLinkFabricErrors"
-        ]
+        ["CrashOnNVLinkFabricErrors"]
     );
     let g = FeatureGates::parse(
         "PassthroughSupport=true,DRAListTypeAttributes=true,FabricManagerPartitioning=false,\

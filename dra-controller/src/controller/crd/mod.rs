@@ -44,7 +44,12 @@ pub const CRD_OWNER_LABEL: (&str, &str) = super::labels::PART_OF;
 /// The CRDs as one multi-document YAML stream, in a stable order; `deploy/crds/` holds this output.
 pub fn crds_yaml() -> Result<String, serde_yaml::Error> {
     let mut out = String::new();
-    for mut crd in [gpucluster_crd(), ComputeDomain::crd(), MigLayout::crd()] {
+    for mut crd in [
+        gpucluster_crd(),
+        ComputeDomain::crd(),
+        gpu_dra_api::cdclique::crd(),
+        MigLayout::crd(),
+    ] {
         crd.metadata.labels = Some(
             [(CRD_OWNER_LABEL.0.to_owned(), CRD_OWNER_LABEL.1.to_owned())]
                 .into_iter()

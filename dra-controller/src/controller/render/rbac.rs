@@ -58,6 +58,8 @@ pub fn plugin_rbac(t: &Target<'_>) -> Result<Rbac> {
             { "apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"] },
             { "apiGroups": [""], "resources": ["pods"], "verbs": READ },
             { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status"], "verbs": ["get", "list", "watch", "patch", "update"] },
+            // IMEXDaemonsWithDNSNames: the compute-domain plugin keeps a daemon's hosts file from its clique.
+            { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomaincliques"], "verbs": READ },
             // On-demand MIG: the plugin creates its node's MigLayout and reports in its status.
             { "apiGroups": ["nvidia.com"], "resources": ["miglayouts", "miglayouts/status"], "verbs": ["get", "list", "watch", "create", "patch"] },
         ]),
@@ -70,6 +72,7 @@ pub fn cd_controller_rbac(t: &Target<'_>) -> Result<Rbac> {
         CD_CONTROLLER,
         json!([
             { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomains", "computedomains/status", "computedomains/finalizers"], "verbs": ALL },
+            { "apiGroups": ["resource.nvidia.com"], "resources": ["computedomaincliques"], "verbs": ALL },
             { "apiGroups": ["resource.k8s.io"], "resources": ["resourceclaimtemplates"], "verbs": ALL },
             { "apiGroups": ["apps"], "resources": ["daemonsets"], "verbs": ALL },
             { "apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch", "patch"] },
