@@ -18,8 +18,6 @@ pub struct Cli {
     pub command: Command,
 }
 
-// Parsed once at startup: boxing the large `run` arguments would save nothing.
-#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 // Parsed once at start and moved out right away: boxing the big variant would save nothing.
 #[allow(clippy::large_enum_variant)]
