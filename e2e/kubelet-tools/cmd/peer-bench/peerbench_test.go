@@ -80,10 +80,10 @@ func TestPercentileAndVerdicts(t *testing.T) {
 		want         string
 	}{
 		{cpuGoal, 900, 300, "≥ 3×: met"},
-		{cpuGoal, 300, 200, "≥ 3×: MISSED, 2.00× short"},
+		{cpuGoal, 300, 200, "≥ 3×: MISSED, 2.00× short" + missedSee},
 		{rssGoal, 10, 42, "≤ 1/3: met"},
-		{rssGoal, 20, 42, "≤ 1/3: MISSED by 6.0 MiB (needs ≤ 14.0)"},
-		{latencyGoal, 7.5, 1, "≤ 5 ms (ours): MISSED by 2.50 ms"},
+		{rssGoal, 20, 42, "≤ 1/3: MISSED by 6.0 MiB (needs ≤ 14.0)" + missedSee},
+		{latencyGoal, 7.5, 1, "≤ 5 ms (ours): MISSED by 2.50 ms" + missedSee},
 		{noGoal, 1, 2, "—"},
 	} {
 		if got := c.g.verdict(c.ours, c.theirs, "MiB"); got != c.want {

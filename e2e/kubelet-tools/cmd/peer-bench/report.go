@@ -74,7 +74,11 @@ var (
 	latencyGoal = goal{kind: "maxMs", value: 5, text: "≤ 5 ms (ours)"}
 )
 
-// verdict says whether ours meets g and, where it does not, by how much.
+// missedSee points a missed goal at the page that shows where the time and memory go (the table
+// lives in perf.md, beside peers.md).
+const missedSee = "; see peers.md#where-the-goals-stand"
+
+// verdict says whether ours meets g and, where it does not, by how much and where to read why.
 func (g goal) verdict(ours, theirs float64, unit string) string {
 	ratio := ratioOf(ours, theirs)
 	switch g.kind {
@@ -82,17 +86,17 @@ func (g goal) verdict(ours, theirs float64, unit string) string {
 		if ratio >= g.value {
 			return g.text + ": met"
 		}
-		return fmt.Sprintf("%s: MISSED, %.2f× short", g.text, g.value/ratio)
+		return fmt.Sprintf("%s: MISSED, %.2f× short%s", g.text, g.value/ratio, missedSee)
 	case "atMost":
 		if ratio <= g.value {
 			return g.text + ": met"
 		}
-		return fmt.Sprintf("%s: MISSED by %.1f %s (needs ≤ %.1f)", g.text, ours-theirs*g.value, unit, theirs*g.value)
+		return fmt.Sprintf("%s: MISSED by %.1f %s (needs ≤ %.1f)%s", g.text, ours-theirs*g.value, unit, theirs*g.value, missedSee)
 	case "maxMs":
 		if ours <= g.value {
 			return g.text + ": met"
 		}
-		return fmt.Sprintf("%s: MISSED by %.2f ms", g.text, ours-g.value)
+		return fmt.Sprintf("%s: MISSED by %.2f ms%s", g.text, ours-g.value, missedSee)
 	}
 	return g.text
 }
