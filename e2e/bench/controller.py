@@ -171,14 +171,24 @@ def run(pid, cds, idle_s):
 
     time.sleep(10)  # let the debounced requeues settle
     per_min, top = window(api, idle_s)
-    cpu0 = sb.proc(pid)[0]
     cpu, rss, hwm = sb.proc(pid)
     print(f"ctrl|steady_rpm|{per_min:.1f}")
     print(f"ctrl|steady_top|{top}")
     print(f"ctrl|rss_steady_mib|{rss:.1f}")
     print(f"ctrl|hwm_mib|{hwm:.1f}")
     print(f"ctrl|cpu_s|{cpu:.2f}")
-    del cpu0
+    split = rss_split(pid)
+    print(f"ctrl|rss_split|{', '.join(f'{k} {v:.1f}' for k, v in split.items())} MiB")
+
+
+def rss_split(pid):
+    """RssAnon (heap, stacks), RssFile (the binary's mapped pages) and RssShmem in MiB."""
+    out = {}
+    with open(f"/proc/{pid}/status", encoding="utf-8") as f:
+        for line in f:
+            if line.startswith("Rss") and line.split(":")[0] != "RssShmem":
+                out[line.split(":")[0][3:].lower()] = int(line.split()[1]) / 1024
+    return out
 
 
 def nvidia(pid, cds, idle_s):

@@ -13,9 +13,10 @@
 #
 # Environment:
 #   CTRL_NODES (1000), CTRL_POOL (500), CTRL_CDS (100), CTRL_IDLE_S (120)
-#   CTRL_SHAPE  whole (default) or dynamic: the slices each node publishes. Dynamic MIG at 1,000 nodes
-#               makes kube-apiserver hold ~8.5 GiB; the controller does not read slices either way.
-#   CTRL_CONTROLLER_BIN  a prebuilt dra-controller (default: target/debug, rebuilt by cargo if stale)
+#   CTRL_SHAPE  dynamic (default: the 9 slices a node of 8 H100 with DynamicMIG publishes) or whole
+#               (1 slice of 8 whole GPUs). Dynamic MIG at 1,000 nodes makes kube-apiserver hold GiBs.
+#   CTRL_CONTROLLER_BIN  a prebuilt dra-controller (default: target/release, rebuilt by cargo if stale)
+#   CTRL_CONTROLLER_WRAP a command line our controller runs under, e.g. `heaptrack -o FILE` (profiles)
 #   CTRL_PLUGIN_BIN      a prebuilt dra-plugin (default: target/debug/dra-plugin, built if missing)
 #   CTRL_TRY_NVIDIA=0    skip NVIDIA's compute-domain-controller
 #   CTRL_WORK_ROOT (/var/tmp), CTRL_KEEP_WORKDIR=1
@@ -27,7 +28,7 @@ NODES="${CTRL_NODES:-1000}"
 POOL="${CTRL_POOL:-500}"
 CDS="${CTRL_CDS:-100}"
 IDLE_S="${CTRL_IDLE_S:-120}"
-SHAPE="${CTRL_SHAPE:-whole}"
+SHAPE="${CTRL_SHAPE:-dynamic}"
 PROFILE="${CTRL_PROFILE:-h100-80gb:8}"
 NVIDIA_VERSION="${CTRL_NVIDIA_VERSION:-v0.5.0}"
 CACHE="${E2E_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/gpu-dra-e2e}"
@@ -68,13 +69,15 @@ echo "== binaries"
 BIN="$(bash e2e/controlplane/build.sh | tail -n 1)"
 CONTROLLER_BIN="${CTRL_CONTROLLER_BIN:-}"
 if [ -z "$CONTROLLER_BIN" ]; then
-  nice cargo build -q -p dra-controller
-  CONTROLLER_BIN="$TARGET/debug/dra-controller"
+  nice cargo build -q --release -p dra-controller
+  CONTROLLER_BIN="$TARGET/release/dra-controller"
 fi
 PLUGIN_BIN="${CTRL_PLUGIN_BIN:-$TARGET/debug/dra-plugin}"
 [ -x "$PLUGIN_BIN" ] || { nice cargo build -q -p dra-plugin; PLUGIN_BIN="$TARGET/debug/dra-plugin"; }
 BUILD="debug"
 case "$CONTROLLER_BIN" in */release/*) BUILD="release" ;; esac
+read -r -a WRAP <<<"${CTRL_CONTROLLER_WRAP:-}"
+[ -z "${CTRL_CONTROLLER_WRAP:-}" ] || BUILD="$BUILD, under ${WRAP[0]}"
 echo "controller: $CONTROLLER_BIN ($BUILD build, $(git rev-parse --short HEAD)$(git diff --quiet -- dra-controller || echo ', tree modified'))"
 NVIDIA_STATUS="$(try_nvidia)"
 NV_BIN="${CTRL_NVIDIA_BIN:-}"
@@ -122,15 +125,23 @@ python3 e2e/bench/controller.py idle "$IDLE_S" | tee "$RESULTS"
 
 port=$(free_port)
 while [ "$port" = "$ETCD_PORT" ] || [ "$port" = "$APISERVER_PORT" ]; do port=$(free_port); done
-"$CONTROLLER_BIN" run --namespace gpu-dra-driver --metrics-addr "127.0.0.1:$port" \
+${WRAP[@]+"${WRAP[@]}"} "$CONTROLLER_BIN" run --namespace gpu-dra-driver --metrics-addr "127.0.0.1:$port" \
   --controllers gpucluster,computedomain --identity bench >"$dir/logs/dra-controller.log" 2>&1 &
 CTRL_PID=$!
 wait_for dra-controller "$CTRL_PID" 60 curl -sf "http://127.0.0.1:$port/healthz"
+# Under a wrapper the controller is a descendant of $CTRL_PID: measure (and stop) that process.
+find_ctrl() { # PID
+  local p
+  [ "$(readlink -f "/proc/$1/exe" || true)" = "$(readlink -f "$CONTROLLER_BIN")" ] && { echo "$1"; return 0; }
+  for p in $(pgrep -P "$1" || true); do find_ctrl "$p" && return 0; done
+  return 1
+}
+MEAS_PID="$(find_ctrl "$CTRL_PID")" || { echo "no $CONTROLLER_BIN process under $CTRL_PID" >&2; exit 1; }
 sleep 2
-python3 e2e/bench/controller.py run "$CTRL_PID" "$CDS" "$IDLE_S" | tee -a "$RESULTS"
-kill -0 "$CTRL_PID" || { echo "dra-controller exited; log: $dir/logs/dra-controller.log" >&2; exit 1; }
+python3 e2e/bench/controller.py run "$MEAS_PID" "$CDS" "$IDLE_S" | tee -a "$RESULTS"
+kill -0 "$MEAS_PID" || { echo "dra-controller exited; log: $dir/logs/dra-controller.log" >&2; exit 1; }
 grep -c ' ERROR ' "$dir/logs/dra-controller.log" | sed 's/^/controller log ERROR lines: /' || true
-kill "$CTRL_PID"; wait "$CTRL_PID" 2>/dev/null || true; CTRL_PID=""
+kill "$MEAS_PID"; wait "$CTRL_PID" 2>/dev/null || true; CTRL_PID=""
 
 # NVIDIA's compute-domain-controller on a fresh cluster with the same Nodes and its own CRDs: only
 # the ComputeDomains part (it has no GPUCluster), the same idle window; no leader election (its
@@ -167,8 +178,9 @@ n = f"{int(nodes):,}"
 where = f"{n} nodes, {int(pool):,} in the pool, {cds} ComputeDomains ({shape}-GPU slices, {build} build)" \
     if shape == "whole" else f"{n} nodes, {int(pool):,} in the pool, {cds} ComputeDomains (dynamic MIG slices, {build} build)"
 hwm = float(v["hwm_mib"])
-print(f"perf|controller: peak RSS (VmHWM), {where}|≤ 40 MiB|{hwm:.1f} MiB ({'met' if hwm <= 40 else 'MISSED'}; "
-      f"steady {float(v['rss_steady_mib']):.1f} MiB)")
+verdict = "met" if hwm <= 40 else f"MISSED by {hwm - 40:.1f} MiB, [profile](profiles/controller-memory.md)"
+print(f"perf|controller: peak RSS (VmHWM), {where}|≤ 40 MiB|{hwm:.1f} MiB ({verdict}; "
+      f"steady {float(v['rss_steady_mib']):.1f} MiB: {v.get('rss_split', '?')})")
 print(f"perf|controller: GPUCluster create -> DaemonSet, DeviceClasses, {int(pool):,} pool labels, status, {n} nodes|—|{v['create_s']} s")
 print(f"perf|controller: GPUCluster feature-gate flip -> DaemonSet and status, {n} nodes|—|{v['change_s']} s")
 print(f"perf|controller: {cds} ComputeDomains created -> daemon DaemonSets and channel templates|—|{v['cds_s']} s")

@@ -34,6 +34,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::resource::v1::{
     DeviceClass, ResourceClaim, ResourceClaimTemplate, ResourceSlice,
 };
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::{Config as ControllerConfig, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
@@ -195,10 +196,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             metrics: metrics.clone(),
             memory: Default::default(),
         });
-        controllers.push(Box::pin(migshaper_controller(
+        controllers.push(Box::pin(migshaper::gate::run(
             client.clone(),
             shaper,
             shutdown.clone(),
+            migshaper_controller,
         )));
     }
     if args.controllers.contains(&ControllerKind::Computedomain) {
@@ -251,6 +253,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
     result
 }
 
+/// A watch's objects as metadata only, for watches whose mappers read nothing else: kube asks the
+/// API server for `PartialObjectMetadata`, so neither it nor the controller handles the spec and
+/// status of the Nodes, Pods, claims and slices behind them.
+type Meta<K> = PartialObjectMeta<K>;
+
 fn gpucluster_controller(
     client: Client,
     ctx: Arc<gpucluster::Ctx>,
@@ -259,63 +266,56 @@ fn gpucluster_controller(
     let ns = ctx.namespace.clone();
     let ours =
         watcher::Config::default().labels(&format!("{}={}", labels::PART_OF.0, labels::PART_OF.1));
-    Controller::new(
-        Api::<GPUCluster>::all(client.clone()),
-        watcher::Config::default(),
-    )
-    .watches(
-        Api::<DeviceClass>::all(client.clone()),
-        ours.clone(),
-        singleton::<DeviceClass>,
-    )
-    .watches(
-        Api::<DaemonSet>::namespaced(client.clone(), &ns),
-        ours.clone(),
-        singleton::<DaemonSet>,
-    )
-    .watches(
-        Api::<Pod>::namespaced(client.clone(), &ns),
-        ours,
-        singleton::<Pod>,
-    )
-    .watches(
-        Api::<Node>::all(client.clone()),
-        watcher::Config::default(),
-        singleton::<Node>,
-    )
-    .watches(
-        Api::<ResourceClaim>::all(client),
-        watcher::Config::default(),
-        singleton::<ResourceClaim>,
-    )
-    .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))
-    .graceful_shutdown_on(shutdown)
-    .run(gpucluster::reconcile, gpucluster::error_policy, ctx)
-    .for_each(|res| async move { log_outcome("gpucluster", res) })
-}
-
-/// The on-demand MIG shaper: one pass over the pool for any change of demand or geometry. It
-/// idles (`await_change`) while the GPUCluster does not enable on-demand MIG.
-fn migshaper_controller(
-    client: Client,
-    ctx: Arc<migshaper::run::Ctx>,
-    shutdown: impl Future<Output = ()> + Send + Sync + 'static,
-) -> impl Future<Output = ()> {
     let all = watcher::Config::default;
     Controller::new(Api::<GPUCluster>::all(client.clone()), all())
-        .watches(Api::<Pod>::all(client.clone()), all(), singleton::<Pod>)
         .watches(
-            Api::<ResourceClaim>::all(client.clone()),
-            all(),
-            singleton::<ResourceClaim>,
+            Api::<Meta<DeviceClass>>::all(client.clone()),
+            ours.clone(),
+            singleton,
         )
         .watches(
-            Api::<ResourceSlice>::all(client.clone()),
-            all(),
-            singleton::<ResourceSlice>,
+            Api::<Meta<DaemonSet>>::namespaced(client.clone(), &ns),
+            ours.clone(),
+            singleton,
         )
-        .watches(Api::<MigLayout>::all(client), all(), singleton::<MigLayout>)
+        .watches(
+            Api::<Meta<Pod>>::namespaced(client.clone(), &ns),
+            ours,
+            singleton,
+        )
+        .watches(Api::<Meta<Node>>::all(client.clone()), all(), singleton)
+        .watches(Api::<Meta<ResourceClaim>>::all(client), all(), singleton)
+        .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))
         .graceful_shutdown_on(shutdown)
+        .run(gpucluster::reconcile, gpucluster::error_policy, ctx)
+        .for_each(|res| async move { log_outcome("gpucluster", res) })
+}
+
+/// The on-demand MIG shaper: one pass over the pool for any change of demand or geometry. It runs
+/// only while the GPUCluster enables on-demand MIG ([`migshaper::gate`]).
+fn migshaper_controller<S>(
+    client: Client,
+    ctx: Arc<migshaper::run::Ctx>,
+    off: migshaper::gate::ModeOff<S>,
+) -> impl Future<Output = ()>
+where
+    S: Future<Output = ()> + Send + Sync + Unpin + 'static,
+{
+    let all = watcher::Config::default;
+    Controller::new(Api::<GPUCluster>::all(client.clone()), all())
+        .watches(Api::<Meta<Pod>>::all(client.clone()), all(), singleton)
+        .watches(
+            Api::<Meta<ResourceClaim>>::all(client.clone()),
+            all(),
+            singleton,
+        )
+        .watches(
+            Api::<Meta<ResourceSlice>>::all(client.clone()),
+            all(),
+            singleton,
+        )
+        .watches(Api::<Meta<MigLayout>>::all(client), all(), singleton)
+        .graceful_shutdown_on(off.wait())
         .run(migshaper::run::reconcile, migshaper::run::error_policy, ctx)
         .for_each(|res| async move { log_outcome("migshaper", res) })
 }
@@ -337,13 +337,16 @@ fn computedomain_controller(
         Api::<ComputeDomain>::all(client.clone()),
         watcher::Config::default(),
     )
-    .owns(Api::<ResourceClaimTemplate>::all(client.clone()), workload)
+    .owns(
+        Api::<Meta<ResourceClaimTemplate>>::all(client.clone()),
+        workload,
+    )
     .watches(
-        Api::<DaemonSet>::namespaced(client.clone(), &ns),
+        Api::<Meta<DaemonSet>>::namespaced(client.clone(), &ns),
         daemons.clone(),
         |ds| computedomain::domain_of(&ds),
     )
-    .watches(Api::<Pod>::namespaced(client, &ns), daemons, |pod| {
+    .watches(Api::<Meta<Pod>>::namespaced(client, &ns), daemons, |pod| {
         computedomain::domain_of(&pod)
     })
     .with_config(ControllerConfig::default().debounce(Duration::from_secs(1)))

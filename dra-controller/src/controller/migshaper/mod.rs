@@ -5,6 +5,7 @@
 //! hold-down. `decide` is the pure core; `run` the Kubernetes wiring.
 pub mod decide;
 pub mod demand;
+pub mod gate;
 pub mod model;
 mod precarve;
 pub mod run;
