@@ -872,6 +872,7 @@ async fn c5_helm_chart_renders_and_passes_server_dry_run() -> Result<()> {
             [
                 "ClusterRole/gpu-dra-controller",
                 "ClusterRoleBinding/gpu-dra-controller",
+                "CustomResourceDefinition/computedomaincliques.resource.nvidia.com",
                 "CustomResourceDefinition/computedomains.resource.nvidia.com",
                 "CustomResourceDefinition/gpuclusters.nvidia.com",
                 "CustomResourceDefinition/miglayouts.nvidia.com",
