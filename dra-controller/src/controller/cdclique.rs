@@ -75,6 +75,33 @@ fn status_word(ready: bool) -> &'static str {
     if ready { "Ready" } else { "NotReady" }
 }
 
+pub fn domain_status(ready: bool) -> DomainStatus {
+    if ready {
+        DomainStatus::Ready
+    } else {
+        DomainStatus::NotReady
+    }
+}
+
+/// Pure: each node's index, in the order given: the one it had in `before`, else the smallest
+/// index no node holds (NVIDIA's gap filling, so a running daemon's DNS name stays put).
+pub fn stable_indices(nodes: &[&str], before: &BTreeMap<&str, i32>) -> Vec<i32> {
+    let mut used: BTreeSet<i32> = nodes
+        .iter()
+        .filter_map(|n| before.get(n).copied())
+        .collect();
+    nodes
+        .iter()
+        .map(|n| {
+            before.get(n).copied().unwrap_or_else(|| {
+                let free = (0..).find(|i| !used.contains(i)).unwrap_or_default();
+                used.insert(free);
+                free
+            })
+        })
+        .collect()
+}
+
 /// Pure: each clique's object as it should be. A node keeps the index its clique gave it; a new
 /// node takes the smallest free one (NVIDIA's gap filling, so names stay stable). Nodes without a
 /// daemon pod drop out. Owners are the clique's daemon pods, as NVIDIA's daemons set them.
@@ -98,25 +125,16 @@ pub fn plan(
                 .flat_map(|c| &c.daemons)
                 .map(|d| (d.node_name.as_str(), d.index))
                 .collect();
-            let mut used: BTreeSet<i32> = members
-                .iter()
-                .filter_map(|d| before.get(d.node.as_str()).copied())
-                .collect();
+            let nodes: Vec<&str> = members.iter().map(|d| d.node.as_str()).collect();
             let mut entries: Vec<DaemonInfo> = members
                 .iter()
-                .map(|d| {
-                    let index = before.get(d.node.as_str()).copied().unwrap_or_else(|| {
-                        let free = (0..).find(|i| !used.contains(i)).unwrap_or_default();
-                        used.insert(free);
-                        free
-                    });
-                    DaemonInfo {
-                        node_name: d.node.clone(),
-                        ip_address: d.ip.clone(),
-                        clique_id: clique_id.to_string(),
-                        index,
-                        status: status_word(d.ready).into(),
-                    }
+                .zip(stable_indices(&nodes, &before))
+                .map(|(d, index)| DaemonInfo {
+                    node_name: d.node.clone(),
+                    ip_address: d.ip.clone(),
+                    clique_id: clique_id.to_string(),
+                    index,
+                    status: status_word(d.ready).into(),
                 })
                 .collect();
             entries.sort_by_key(|e| e.index);
@@ -155,11 +173,7 @@ pub fn status(
             ip_address: d.ip_address.clone(),
             clique_id: d.clique_id.clone(),
             index: d.index,
-            status: if d.status == "Ready" {
-                DomainStatus::Ready
-            } else {
-                DomainStatus::NotReady
-            },
+            status: domain_status(d.status == "Ready"),
         })
         .collect();
     nodes.extend(
@@ -171,21 +185,13 @@ pub fn status(
                 ip_address: d.ip.clone(),
                 clique_id: String::new(),
                 index: -1,
-                status: if d.ready {
-                    DomainStatus::Ready
-                } else {
-                    DomainStatus::NotReady
-                },
+                status: domain_status(d.ready),
             }),
     );
     let enough = nodes.len() >= usize::try_from(num_nodes).unwrap_or(0);
     let ready = enough && nodes.iter().all(|n| n.status == DomainStatus::Ready);
     ComputeDomainStatus {
-        status: if ready {
-            DomainStatus::Ready
-        } else {
-            DomainStatus::NotReady
-        },
+        status: domain_status(ready),
         nodes,
     }
 }

@@ -15,9 +15,9 @@ use std::time::Duration;
 use gpu_dra_api::config::OpaqueConfig;
 use gpu_dra_api::config::v1beta1::{ComputeDomainChannelConfig, ComputeDomainDaemonConfig};
 use gpu_dra_api::names::{
-    COMPUTE_DOMAIN_CHANNEL_CLASS, COMPUTE_DOMAIN_CLIQUE_LABEL, COMPUTE_DOMAIN_DAEMON_CLASS,
-    COMPUTE_DOMAIN_DRIVER, COMPUTE_DOMAIN_FINALIZER, COMPUTE_DOMAIN_NAME_ANNOTATION,
-    COMPUTE_DOMAIN_NAMESPACE_ANNOTATION, COMPUTE_DOMAIN_NODE_LABEL,
+    COMPUTE_DOMAIN_CHANNEL_CLASS, COMPUTE_DOMAIN_DAEMON_CLASS, COMPUTE_DOMAIN_DRIVER,
+    COMPUTE_DOMAIN_FINALIZER, COMPUTE_DOMAIN_NAME_ANNOTATION, COMPUTE_DOMAIN_NAMESPACE_ANNOTATION,
+    COMPUTE_DOMAIN_NODE_LABEL,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -235,57 +235,26 @@ pub fn aggregate(
     pods: &[Pod],
     num_nodes: i32,
 ) -> ComputeDomainStatus {
-    let prev: BTreeMap<&str, i32> = previous
+    let before: BTreeMap<&str, i32> = previous
         .iter()
         .map(|n| (n.name.as_str(), n.index))
         .collect();
-    let mut observed: BTreeMap<String, ComputeDomainNode> = BTreeMap::new();
-    for pod in pods {
-        if pod.metadata.deletion_timestamp.is_some() {
-            continue;
-        }
-        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
-            continue;
-        };
-        let status = pod.status.as_ref();
-        let ready = status
-            .and_then(|s| s.conditions.as_deref())
-            .unwrap_or_default()
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True");
-        observed.insert(
-            node.clone(),
-            ComputeDomainNode {
-                name: node,
-                ip_address: status.and_then(|s| s.pod_ip.clone()).unwrap_or_default(),
-                clique_id: pod
-                    .labels()
-                    .get(COMPUTE_DOMAIN_CLIQUE_LABEL)
-                    .cloned()
-                    .unwrap_or_default(),
-                index: -1,
-                status: if ready {
-                    DomainStatus::Ready
-                } else {
-                    DomainStatus::NotReady
-                },
-            },
-        );
-    }
-    let mut used: Vec<i32> = Vec::new();
-    for n in observed.values_mut() {
-        if let Some(&i) = prev.get(n.name.as_str()) {
-            n.index = i;
-            used.push(i);
-        }
-    }
-    for n in observed.values_mut().filter(|n| n.index < 0) {
-        let free = (0..).find(|i| !used.contains(i)).unwrap_or_default();
-        n.index = free;
-        used.push(free);
-    }
-    let ready = observed
-        .values()
+    // Without cliques the clique ID comes from the daemon pod's label only.
+    let daemons = cdclique::daemons(pods, &BTreeMap::new());
+    let names: Vec<&str> = daemons.iter().map(|d| d.node.as_str()).collect();
+    let mut nodes: Vec<ComputeDomainNode> = daemons
+        .iter()
+        .zip(cdclique::stable_indices(&names, &before))
+        .map(|(d, index)| ComputeDomainNode {
+            name: d.node.clone(),
+            ip_address: d.ip.clone(),
+            clique_id: d.clique_id.clone(),
+            index,
+            status: cdclique::domain_status(d.ready),
+        })
+        .collect();
+    let ready = nodes
+        .iter()
         .filter(|n| n.status == DomainStatus::Ready)
         .count();
     let domain_ready = if let Ok(want) = usize::try_from(num_nodes)
@@ -293,16 +262,11 @@ pub fn aggregate(
     {
         ready >= want
     } else {
-        ready == observed.len()
+        ready == nodes.len()
     };
-    let mut nodes: Vec<ComputeDomainNode> = observed.into_values().collect();
     nodes.sort_by_key(|n| n.index);
     ComputeDomainStatus {
-        status: if domain_ready {
-            DomainStatus::Ready
-        } else {
-            DomainStatus::NotReady
-        },
+        status: cdclique::domain_status(domain_ready),
         nodes,
     }
 }
