@@ -222,6 +222,25 @@ impl Env {
             .expect("node of this scenario")
     }
 
+    /// The CDI devices the runtime got for `pod`'s containers on `node` (CreateContainer calls
+    /// that succeeded), sorted and without repeats.
+    pub fn cdi_devices_at_runtime(&self, node: &str, pod: &Pod) -> Result<Vec<String>> {
+        let uid = pod.uid().unwrap_or_default();
+        let mut ids: Vec<String> = self
+            .node(node)
+            .kubelet
+            .stock()
+            .context("a stock kubelet node")?
+            .containers()?
+            .into_iter()
+            .filter(|c| c.pod_uid == uid && c.error.is_empty())
+            .flat_map(|c| c.cdi_devices)
+            .collect();
+        ids.sort();
+        ids.dedup();
+        Ok(ids)
+    }
+
     pub fn node_mut(&mut self, name: &str) -> &mut NodeEnv {
         self.nodes
             .iter_mut()

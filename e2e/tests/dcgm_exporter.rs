@@ -79,24 +79,6 @@ async fn daemon_pod(env: &Env, ds: &DaemonSet, node: &str) -> Result<Pod> {
     .await
 }
 
-/// CDI IDs the runtime got for `pod` (successful CreateContainer calls).
-fn cdi_at_runtime(env: &Env, node: &str, pod: &Pod) -> Result<Vec<String>> {
-    let uid = pod.uid().unwrap_or_default();
-    let mut ids: Vec<String> = env
-        .node(node)
-        .kubelet
-        .stock()
-        .context("a stock kubelet node")?
-        .containers()?
-        .into_iter()
-        .filter(|c| c.pod_uid == uid && c.error.is_empty())
-        .flat_map(|c| c.cdi_devices)
-        .collect();
-    ids.sort();
-    ids.dedup();
-    Ok(ids)
-}
-
 async fn gone<K>(api: &Api<K>, name: &str) -> Result<()>
 where
     K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
@@ -131,7 +113,7 @@ async fn dx1_exporter_gets_every_gpu_with_admin_access() -> Result<()> {
     let work_claim = env.pod_claim("dx1-work", "gpu").await?;
     let held = allocation_results(&work_claim);
     ensure!(held.len() == 1, "workload allocation {held:?}");
-    let work_cdi = cdi_at_runtime(&env, node, &work)?;
+    let work_cdi = env.cdi_devices_at_runtime(node, &work)?;
 
     let label = json!({ "metadata": { "labels": { POOL_LABEL: env.test } } });
     Api::<Node>::all(env.client.clone())
@@ -210,7 +192,7 @@ async fn exporter_scenario(
         "the workload pod left Running"
     );
     ensure!(
-        cdi_at_runtime(env, node, work)? == work_cdi,
+        env.cdi_devices_at_runtime(node, work)? == work_cdi,
         "workload CDI changed"
     );
     let work_claim = env.pod_claim(&work.name_any(), "gpu").await?;
@@ -261,7 +243,7 @@ async fn check_exporter_claim(env: &Env, node: &str, pod: &Pod, held: &str) -> R
         .iter()
         .map(|d| format!("{CDI_KIND}={uid}-{d}"))
         .collect();
-    let got = cdi_at_runtime(env, node, pod)?;
+    let got = env.cdi_devices_at_runtime(node, pod)?;
     ensure!(
         got == want,
         "exporter CDI at runtime {got:?}, want {want:?}"

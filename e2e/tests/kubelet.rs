@@ -8,7 +8,6 @@ use std::process::Command;
 use anyhow::{Context, Result, bail, ensure};
 use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until};
 use e2e::env_or_skip;
-use k8s_openapi::api::core::v1::Pod;
 use kube::ResourceExt;
 use kube::api::{Api, ListParams};
 
@@ -19,24 +18,6 @@ fn cdi_file(env: &Env, node: &str, claim_uid: &str) -> std::path::PathBuf {
         .dirs
         .cdi
         .join(format!("k8s.gpu.nvidia.com-claim_{claim_uid}.json"))
-}
-
-/// The CDI devices the runtime got for `pod`'s containers (CreateContainer calls that succeeded).
-fn cdi_devices_at_runtime(env: &Env, node: &str, pod: &Pod) -> Result<Vec<String>> {
-    let uid = pod.uid().unwrap_or_default();
-    let mut ids: Vec<String> = env
-        .node(node)
-        .kubelet
-        .stock()
-        .context("a stock kubelet node")?
-        .containers()?
-        .into_iter()
-        .filter(|c| c.pod_uid == uid && c.error.is_empty())
-        .flat_map(|c| c.cdi_devices)
-        .collect();
-    ids.sort();
-    ids.dedup();
-    Ok(ids)
 }
 
 /// Runs `kubelet-dial` (Go, grpc-go, dialing as kubelet v1.37 does) with `args`; returns its JSON
@@ -100,7 +81,7 @@ async fn k1_seed_claim_runs_through_the_stock_kubelet() -> Result<()> {
             "{pod}: allocation {r:?}"
         );
         let id = format!("{CDI_KIND}={uid}-{}", r[0].device);
-        let at_runtime = cdi_devices_at_runtime(&env, node, &running)?;
+        let at_runtime = env.cdi_devices_at_runtime(node, &running)?;
         ensure!(
             at_runtime == [id.clone()],
             "{pod}: the runtime got CDI devices {at_runtime:?}, expected [{id}]"
@@ -174,7 +155,7 @@ async fn k2_extended_resource_pod_runs() -> Result<()> {
         claim.uid().unwrap_or_default(),
         r[0].device
     );
-    let at_runtime = cdi_devices_at_runtime(&env, node, &pod)?;
+    let at_runtime = env.cdi_devices_at_runtime(node, &pod)?;
     ensure!(
         at_runtime == [id.clone()],
         "runtime got {at_runtime:?}, expected [{id}]"
@@ -317,7 +298,7 @@ async fn k5_two_nodes_two_kubelets() -> Result<()> {
             "{pod} not on {node}"
         );
         ensure!(
-            cdi_devices_at_runtime(&env, node, &p)?.len() == 1,
+            env.cdi_devices_at_runtime(node, &p)?.len() == 1,
             "{pod}: no CDI device at the runtime"
         );
     }
@@ -546,7 +527,7 @@ spec:
         r.len() == 1 && r[0].driver == cd_driver && r[0].device == "channel-0",
         "allocation {r:?}"
     );
-    let at_runtime = cdi_devices_at_runtime(&env, node, &pod)?;
+    let at_runtime = env.cdi_devices_at_runtime(node, &pod)?;
     let uid = claim.uid().unwrap_or_default();
     ensure!(
         at_runtime.len() == 1 && at_runtime[0].ends_with(&format!("={uid}-channel-0")),

@@ -131,18 +131,7 @@ async fn check_running(
         .1;
 
     let id = format!("{CDI_KIND}={uid}-{device}");
-    let pod_uid = running.uid().unwrap_or_default();
-    let mut at_runtime: Vec<String> = env
-        .node(NODE)
-        .kubelet
-        .stock()
-        .context("a stock kubelet node")?
-        .containers()?
-        .into_iter()
-        .filter(|c| c.pod_uid == pod_uid && c.error.is_empty())
-        .flat_map(|c| c.cdi_devices)
-        .collect();
-    at_runtime.dedup();
+    let at_runtime = env.cdi_devices_at_runtime(NODE, &running)?;
     ensure!(
         at_runtime == [id.clone()],
         "{pod}: runtime got {at_runtime:?}, expected [{id}]"
