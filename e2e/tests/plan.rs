@@ -16,7 +16,10 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::ResourceExt;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
+    PatchParams, PostParams,
+};
 use kube::discovery::Discovery;
 use serde_json::{Value, json};
 
@@ -112,6 +115,7 @@ async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
     ts_args.extend(TS_SETTINGS.split(' '));
     env.add_node(TS, &ts_args).await?;
     label_nodes(&env).await?;
+    unmap_nvidia_com_gpu(&env).await?;
     // The Deployments' and the Job's pods must exist (Pending) as on a real cluster: the planner
     // reads them and must plan them through their controllers, not as bare pods.
     let mut controllers =
@@ -202,6 +206,7 @@ async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
     controllers.check_alive()?;
     drop(controllers);
     println!("p1: plan, apply, run in {:.0}s", t0.elapsed().as_secs_f64());
+    env.apply_deviceclasses().await?;
     env.teardown().await
 }
 
@@ -219,6 +224,23 @@ async fn label_nodes(env: &Env) -> Result<()> {
         let patch = Patch::Merge(json!({"metadata": {"labels": labels}}));
         nodes.patch(node, &PatchParams::default(), &patch).await?;
     }
+    Ok(())
+}
+
+/// Takes `extendedResourceName` off the `gpu.nvidia.com` class, as before the migration: with
+/// it, the scheduler serves the old `nvidia.com/gpu` pods through DRA (KEP-5004) and they would
+/// run instead of waiting for the plan. `Env::apply_deviceclasses` puts it back.
+async fn unmap_nvidia_com_gpu(env: &Env) -> Result<()> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", "v1", "DeviceClass"),
+        "deviceclasses",
+    );
+    let classes: Api<DynamicObject> = Api::all_with(env.client.clone(), &ar);
+    let patch = Patch::Merge(json!({"spec": {"extendedResourceName": null}}));
+    classes
+        .patch("gpu.nvidia.com", &PatchParams::default(), &patch)
+        .await
+        .context("removing nvidia.com/gpu from DeviceClass gpu.nvidia.com")?;
     Ok(())
 }
 
@@ -296,20 +318,29 @@ async fn create_old_workloads(env: &Env) -> Result<()> {
     Ok(())
 }
 
-/// Waits until `n` pods exist, all Pending: the state the planner meets on a cluster whose device
-/// plugin is gone.
+/// Waits until `n` pods exist, all Pending and found unschedulable by the scheduler: the state
+/// the planner meets on a cluster whose device plugin is gone.
 async fn wait_pending_pods(env: &Env, n: usize) -> Result<()> {
-    wait_until(&format!("{n} Pending pods"), WAIT, || async {
+    wait_until(&format!("{n} unschedulable pods"), WAIT, || async {
         let pods = env.pods().list(&ListParams::default()).await?.items;
+        let mut unschedulable = 0;
         for p in &pods {
-            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            let status = p.status.as_ref();
+            let phase = status.and_then(|s| s.phase.as_deref());
             ensure!(
-                phase.is_none_or(|ph| ph == "Pending"),
-                "pod {} is {phase:?} before the migration",
+                phase.is_none_or(|ph| ph == "Pending")
+                    && p.spec.as_ref().and_then(|s| s.node_name.as_ref()).is_none(),
+                "pod {} is {phase:?} on a node before the migration",
                 p.name_any()
             );
+            let refused = status
+                .and_then(|s| s.conditions.as_ref())
+                .into_iter()
+                .flatten()
+                .any(|c| c.type_ == "PodScheduled" && c.reason.as_deref() == Some("Unschedulable"));
+            unschedulable += usize::from(refused);
         }
-        Ok((pods.len() == n).then_some(()))
+        Ok((pods.len() == n && unschedulable == n).then_some(()))
     })
     .await
 }
