@@ -6,7 +6,7 @@ use gpu_dra_api::inventory::{DeviceRef, Gpu, Inventory, MigDevice, parse_device_
 use gpu_dra_api::names::{CDI_CLAIM_ANNOTATION, CDI_CLASS, CDI_DEVICES_ANNOTATION, GPU_CDI_VENDOR};
 use serde::{Deserialize, Serialize};
 
-use super::fsutil::{remove_if_exists, write_atomic};
+use super::fsutil::{remove_if_exists, replace_unsynced};
 use super::types::PreparedDevice;
 use crate::Error;
 
@@ -171,7 +171,7 @@ impl CdiStore {
 
     pub fn write(&self, claim_uid: &str, spec: &Spec) -> Result<(), Error> {
         let path = self.spec_path(claim_uid);
-        write_atomic(&path, &Self::encode(spec))
+        replace_unsynced(&path, &Self::encode(spec))
             .map_err(|e| Error::io("writing the CDI spec", &path, e))
     }
 

@@ -4,8 +4,8 @@
 //! checksum covers the bytes of `data` exactly as written, so fields added by a newer version never
 //! make the file look corrupt to an older one (the failure NVIDIA's driver hit on upgrades). Writes
 //! are group-committed: concurrent updates share one fsync'd write, and files that belong with an
-//! update (a claim's CDI spec, written or removed) ride along in the same blocking call, just
-//! before it.
+//! update (a claim's CDI spec, written or removed, not fsynced) ride along in the same blocking
+//! call, just before it.
 //!
 //! Two files take the writes in turn, each overwritten in place and fdatasync'd: `checkpoint.json`
 //! and `checkpoint.json.alt`. A write torn by a crash spoils only the file it went to; the other
@@ -27,7 +27,7 @@ use serde_json::value::RawValue;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
 
-use super::fsutil::{remove_if_exists, write_atomic};
+use super::fsutil::{remove_if_exists, replace_unsynced};
 use super::types::PreparedDevice;
 use crate::Error;
 
@@ -349,7 +349,8 @@ impl Checkpoint {
     }
 
     /// Like [`Checkpoint::update`], and writes `bytes` atomically to `path` (creating its
-    /// directory) in the same group commit, before the checkpoint. Saves the blocking-pool
+    /// directory) in the same group commit, before the checkpoint. The file is not fsynced: it
+    /// must be one the plugin can rebuild from the records (a CDI spec, see `replace_unsynced`). Saves the blocking-pool
     /// handoff per file that dominates a busy node's prepare calls. An error names the file that
     /// failed; the change to the records is applied either way, as with a failed checkpoint write.
     pub async fn update_with_file<R>(
@@ -448,7 +449,7 @@ impl Shared {
         let mut write_files = |files: Vec<SideFile>| {
             failed.extend(files.into_iter().filter_map(|f| {
                 match &f.bytes {
-                    Some(bytes) => write_atomic(&f.path, bytes),
+                    Some(bytes) => replace_unsynced(&f.path, bytes),
                     None => remove_if_exists(&f.path),
                 }
                 .err()

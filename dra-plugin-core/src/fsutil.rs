@@ -12,6 +12,18 @@ use std::sync::OnceLock;
 /// is a reboot, after which the plugin discards prepared state anyway (boot ID), while a journal
 /// commit per directory fsync would double the cost of every prepare.
 pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    replace_via_temp(path, data, true)
+}
+
+/// Like [`write_atomic`] without the fsync, for files the plugin derives from its checkpoint
+/// (CDI specs): a process crash keeps the write in the page cache, and only a reboot can lose it,
+/// after which the plugin drops that boot's claims and their files. The CDI library NVIDIA's and
+/// the example driver write their specs with does the same.
+pub fn replace_unsynced(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    replace_via_temp(path, data, false)
+}
+
+fn replace_via_temp(path: &Path, data: &[u8], sync: bool) -> std::io::Result<()> {
     let dir = path.parent().unwrap_or(Path::new("."));
     let name = path
         .file_name()
@@ -27,7 +39,9 @@ pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
             other => other?,
         };
         f.write_all(data)?;
-        f.sync_all()?;
+        if sync {
+            f.sync_all()?;
+        }
     }
     fs::rename(&tmp, path).inspect_err(|_| {
         let _ = fs::remove_file(&tmp);
