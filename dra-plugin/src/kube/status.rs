@@ -161,33 +161,37 @@ struct Worker {
 
 impl Worker {
     /// Keeps the newest wanted state per claim UID; applies what is due, one at a time (so the
-    /// writes of one claim stay in order).
+    /// writes of one claim stay in order), earliest first. Everything queued is taken in before
+    /// each write: a burst of prepares then leaves one entry per claim here instead of a backlog
+    /// of stale states in the channel, and a claim unprepared meanwhile gets only the clear.
     async fn run(self, mut rx: mpsc::UnboundedReceiver<Wanted>) {
         let mut pending: HashMap<String, Pending> = HashMap::new();
         loop {
-            let next = pending.values().map(|p| p.due).min();
-            tokio::select! {
-                wanted = rx.recv() => match wanted {
-                    Some(w) => {
-                        let uid = w.claim.uid.clone();
-                        pending.insert(uid, Pending { wanted: w, attempts: 0, due: Instant::now() });
-                    }
-                    None => return,
-                },
-                _ = sleep_until(next) => {
-                    let now = Instant::now();
-                    let due: Vec<String> = pending
-                        .iter()
-                        .filter(|(_, p)| p.due <= now)
-                        .map(|(uid, _)| uid.clone())
-                        .collect();
-                    for uid in due {
-                        let Some(mut p) = pending.remove(&uid) else { continue };
-                        if self.attempt(&mut p).await {
-                            pending.entry(uid).or_insert(p);
-                        }
+            loop {
+                match rx.try_recv() {
+                    Ok(w) => want(&mut pending, w),
+                    Err(mpsc::error::TryRecvError::Empty) => break,
+                    Err(mpsc::error::TryRecvError::Disconnected) => return,
+                }
+            }
+            let next = pending
+                .iter()
+                .min_by_key(|(_, p)| p.due)
+                .map(|(uid, p)| (uid.clone(), p.due));
+            match next {
+                Some((uid, due)) if due <= Instant::now() => {
+                    let mut p = pending.remove(&uid).expect("the entry just found");
+                    if self.attempt(&mut p).await {
+                        pending.entry(uid).or_insert(p);
                     }
                 }
+                next => tokio::select! {
+                    wanted = rx.recv() => match wanted {
+                        Some(w) => want(&mut pending, w),
+                        None => return,
+                    },
+                    _ = sleep_until(next.map(|(_, due)| due)) => {}
+                },
             }
         }
     }
@@ -268,6 +272,20 @@ impl Worker {
             );
         }
     }
+}
+
+/// Replaces what was wanted for `w`'s claim (a retry in backoff included) by `w`, due now.
+fn want(pending: &mut HashMap<String, Pending>, w: Wanted) {
+    let uid = w.claim.uid.clone();
+    let due = Instant::now();
+    pending.insert(
+        uid,
+        Pending {
+            wanted: w,
+            attempts: 0,
+            due,
+        },
+    );
 }
 
 /// 404: the claim is gone; 409: another claim of the same name (UID mismatch); 422: the API

@@ -96,3 +96,38 @@ fn gone_replaced_and_refused_claims_are_not_retried() {
         assert!(matches!(classify(api(code)), Outcome::Retry(_)), "{code}");
     }
 }
+
+/// The worker's first turn comes at the test's first await (current-thread runtime), so both
+/// states are queued by then: only the newest, the clear, may reach the API server.
+#[tokio::test(flavor = "current_thread")]
+async fn a_claim_unprepared_before_its_apply_went_out_gets_only_the_clear() {
+    use http_body_util::BodyExt;
+    let (svc, mut api) = tower_test::mock::pair::<
+        http::Request<kube::client::Body>,
+        http::Response<kube::client::Body>,
+    >();
+    let client = kube::Client::new(svc, "default");
+    let status = ApiClaimStatus::spawn(
+        client,
+        "gpu.nvidia.com",
+        "n1",
+        Arc::new(Metrics::new()),
+        None,
+    );
+    status.prepared(&claim(), &[device("gpu-0", Some("GPU-a"), None)]);
+    status.unprepared(&claim());
+    let (req, reply) = api.next_request().await.expect("one write");
+    assert_eq!(
+        req.uri().path(),
+        "/apis/resource.k8s.io/v1/namespaces/ns/resourceclaims/c/status"
+    );
+    let body = req.into_body().collect().await.unwrap().to_bytes();
+    let doc: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(doc["metadata"]["uid"], "u1");
+    assert!(doc.get("status").is_none(), "not the clear: {doc}");
+    reply.send_response(http::Response::new(kube::client::Body::from(
+        b"{}".to_vec(),
+    )));
+    let more = tokio::time::timeout(Duration::from_millis(300), api.next_request()).await;
+    assert!(more.is_err(), "a second write went out");
+}
