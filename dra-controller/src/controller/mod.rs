@@ -15,6 +15,7 @@ pub mod leader;
 pub mod memory;
 pub mod metrics;
 pub mod migshaper;
+pub mod pages;
 pub mod pool;
 pub mod render;
 pub mod status;
