@@ -1,6 +1,6 @@
 //! The GPUCluster reconciler: DeviceClasses, RBAC, the VAP, the kubelet-plugin DaemonSet, the
 //! ComputeDomain controller, pool node labels and status; ordered teardown behind a finalizer.
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,6 +30,7 @@ use super::crd::{GPUCluster, GPUClusterSpec, State};
 use super::error::{Error, Result};
 use super::labels::COMPONENT;
 use super::metrics::Metrics;
+use super::pages;
 use super::pool::{self, NodeFacts, PoolPlan};
 use super::render::{self, CD_CONTROLLER, PLUGIN, Target};
 use super::{deviceclasses, status};
@@ -266,43 +267,49 @@ async fn converge(gc: &GPUCluster, ctx: &Ctx) -> Result<Action> {
     }))
 }
 
-/// Read nodes, allocated claims and plugin pods, and plan the pool.
+/// Read nodes, allocated claims and plugin pods, and plan the pool. Each list is read page by page
+/// and reduced to [`NodeFacts`] as it arrives: the plan needs a few fields of each object, and a
+/// whole cluster's Nodes and claims decoded at once would be the controller's largest allocation.
 async fn observe_pool(ctx: &Ctx, spec: &GPUClusterSpec) -> Result<PoolPlan> {
     let client = &ctx.client;
     let selector = pool::pool_selector(spec.migration_pool.node_selector.as_ref())?;
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let claims = Api::<ResourceClaim>::all(client.clone())
-        .list(&ListParams::default())
-        .await?;
-    let pods = Api::<Pod>::namespaced(client.clone(), &ctx.namespace)
-        .list(&ListParams::default().labels(&format!("app.kubernetes.io/name={PLUGIN}")))
-        .await?;
-    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
-    for claim in &claims.items {
-        for node in claim_nodes(claim) {
-            *per_node.entry(node).or_default() += 1;
-        }
-    }
-    let facts: Vec<NodeFacts> = nodes
-        .items
-        .iter()
-        .map(|n| {
-            let name = n.name_any();
-            NodeFacts {
-                labels: n.labels().clone(),
-                advertises_gpu: advertises_gpu(n),
-                prepared_claims: per_node.get(&name).copied().unwrap_or(0),
-                plugin_pod: pods
-                    .items
-                    .iter()
-                    .any(|p| p.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name)),
+    let mut facts: Vec<NodeFacts> = Vec::new();
+    pages::for_each(
+        &Api::<Node>::all(client.clone()),
+        ListParams::default(),
+        |n| {
+            facts.push(NodeFacts {
+                advertises_gpu: advertises_gpu(&n),
                 owned_labels: pool::owned_label_keys(n.managed_fields(), CONTROLLER_FIELD_MANAGER),
-                name,
+                name: n.metadata.name.unwrap_or_default(),
+                labels: n.metadata.labels.unwrap_or_default(),
+                ..NodeFacts::default()
+            })
+        },
+    )
+    .await?;
+    let mut per_node: BTreeMap<String, usize> = BTreeMap::new();
+    pages::for_each(
+        &Api::<ResourceClaim>::all(client.clone()),
+        ListParams::default(),
+        |claim| {
+            for node in claim_nodes(&claim) {
+                *per_node.entry(node).or_default() += 1;
             }
-        })
-        .collect();
+        },
+    )
+    .await?;
+    let mut plugin_nodes: BTreeSet<String> = BTreeSet::new();
+    pages::for_each(
+        &Api::<Pod>::namespaced(client.clone(), &ctx.namespace),
+        ListParams::default().labels(&format!("app.kubernetes.io/name={PLUGIN}")),
+        |p| plugin_nodes.extend(p.spec.and_then(|s| s.node_name)),
+    )
+    .await?;
+    for f in &mut facts {
+        f.prepared_claims = per_node.get(&f.name).copied().unwrap_or(0);
+        f.plugin_pod = plugin_nodes.contains(&f.name);
+    }
     Ok(pool::plan(&selector, &facts))
 }
 
@@ -379,20 +386,22 @@ async fn teardown(ctx: &Ctx) -> Result<Teardown> {
         return Ok(Teardown::Waiting("kubelet plugin"));
     }
     let nodes: Api<Node> = Api::all(client.clone());
-    for node in nodes.list(&ListParams::default()).await?.items {
+    let mut labelled: Vec<String> = Vec::new();
+    pages::for_each(&nodes, ListParams::default(), |node| {
         let owned = pool::owned_label_keys(node.managed_fields(), CONTROLLER_FIELD_MANAGER);
         if owned
             .iter()
             .any(|k| k == DEVICE_PLUGIN_LABEL || k == DRA_DRIVER_LABEL)
         {
-            let body = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": node.name_any(), "labels": {} } });
-            if let Err(e) = nodes
-                .patch(&node.name_any(), &params(), &Patch::Apply(body))
-                .await
-            {
-                warn!(node = %node.name_any(), error = %e, "releasing pool labels failed");
-                return Err(e.into());
-            }
+            labelled.push(node.name_any());
+        }
+    })
+    .await?;
+    for name in labelled {
+        let body = json!({ "apiVersion": "v1", "kind": "Node", "metadata": { "name": name, "labels": {} } });
+        if let Err(e) = nodes.patch(&name, &params(), &Patch::Apply(body)).await {
+            warn!(node = %name, error = %e, "releasing pool labels failed");
+            return Err(e.into());
         }
     }
     Ok(Teardown::Done)

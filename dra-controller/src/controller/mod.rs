@@ -12,8 +12,10 @@ pub mod gpucluster;
 pub mod http;
 pub mod labels;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod migshaper;
+pub mod pages;
 pub mod pool;
 pub mod render;
 pub mod status;
@@ -122,6 +124,7 @@ pub enum ControllerKind {
 
 /// Run until SIGTERM or Ctrl-C: serve the admin endpoint, win the lease, reconcile, release the lease.
 pub async fn run(args: RunArgs) -> anyhow::Result<()> {
+    memory::no_huge_pages();
     let client = Client::try_default()
         .await
         .context("building a Kubernetes client")?;
