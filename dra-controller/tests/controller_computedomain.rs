@@ -36,7 +36,12 @@ fn ctx() -> (Arc<Ctx>, Handle) {
             namespace: "gpu-dra".into(),
             daemon: DaemonImage {
                 image: "registry.example.com/imex:1".into(),
-                command: vec!["nvidia-imex".into(), "-c".into(), "/imexd/imexd.cfg".into()],
+                command: ["dra-plugin", "imex-daemon", "run"]
+                    .map(String::from)
+                    .into(),
+                check: ["dra-plugin", "imex-daemon", "check"]
+                    .map(String::from)
+                    .into(),
             },
             metrics,
             cliques: false,
@@ -206,6 +211,26 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
         pod_spec["containers"][0]["image"],
         "registry.example.com/imex:1"
     );
+    // Our supervisor runs the IMEX daemon; its check gates the pod's readiness, as NVIDIA's.
+    let daemon = &pod_spec["containers"][0];
+    assert_eq!(
+        daemon["command"],
+        json!(["dra-plugin", "imex-daemon", "run"])
+    );
+    for (probe, period, failures) in [
+        ("startupProbe", 1, 1200),
+        ("readinessProbe", 10, 1),
+        ("livenessProbe", 60, 20),
+    ] {
+        assert_eq!(
+            daemon[probe],
+            json!({ "exec": { "command": ["dra-plugin", "imex-daemon", "check"] },
+                    "periodSeconds": period, "timeoutSeconds": 10, "failureThreshold": failures }),
+            "{probe}"
+        );
+    }
+    assert_eq!(pod_spec["tolerations"].as_array().map(Vec::len), Some(3));
+    assert_eq!(daemon["securityContext"]["runAsUser"], 0);
     assert_eq!(
         ds["spec"]["template"]["metadata"]["annotations"],
         json!({ "resource.nvidia.com/computeDomain.namespace": "team", "resource.nvidia.com/computeDomain.name": "cd1" })

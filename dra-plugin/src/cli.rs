@@ -26,6 +26,8 @@ pub enum Command {
     Run(RunArgs),
     /// Print the ResourceSlices this node would publish, without a cluster.
     Slices(SlicesArgs),
+    /// In a ComputeDomain's daemon pod: run NVIDIA's IMEX daemon (`run`) or probe it (`check`).
+    ImexDaemon(crate::computedomain::imexd::ImexDaemonArgs),
     /// Write a mock NVIDIA driver root (mock libnvidia-ml from hardware profiles) for
     /// `--backend nvml` without a GPU; for tests (see backend/nvml_mock_root.rs).
     #[command(hide = true)]

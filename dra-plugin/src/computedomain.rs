@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use gpu_dra_api::config::{ComputeDomainConfig, ComputeDomainDeviceKind};
 use gpu_dra_api::names::{
     CDI_CLASS, COMPUTE_DOMAIN_CDI_VENDOR, COMPUTE_DOMAIN_DRIVER, COMPUTE_DOMAIN_NODE_LABEL,
-    COMPUTE_DOMAIN_PLUGIN_FIELD_MANAGER,
+    COMPUTE_DOMAIN_PLUGIN_FIELD_MANAGER, GPU_CLIQUE_NODE_LABEL,
 };
 use gpu_dra_api::slices::SliceContent;
 use k8s_openapi::api::resource::v1::{Device, DeviceAttribute};
@@ -70,10 +70,12 @@ enum Holding {
     Daemon { domain_id: String },
 }
 
-/// Sets or clears this node's domain label.
+/// Sets or clears this node's domain label, and reads its NVLink clique.
 pub trait NodeLabeler: Send + Sync + 'static {
     fn current(&self) -> BoxFuture<'_, Result<Option<String>, Error>>;
     fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>>;
+    /// The node's `nvidia.com/gpu.clique` label (GPU feature discovery's, from NVML's fabric info).
+    fn clique_id(&self) -> BoxFuture<'_, Result<Option<String>, Error>>;
 }
 
 /// `IMEXDaemonsWithDNSNames`: how many DNS names the nodes config lists, and who keeps each
@@ -142,11 +144,12 @@ impl ComputeDomainState {
         }
     }
 
-    /// The daemon's config files: `imexd.cfg`, plus in DNS-name mode `nodes.cfg` and `hosts`.
-    fn write_daemon_config(&self, domain_id: &str, dir: &std::path::Path) -> Result<(), Error> {
-        let mut cfg = format!("IMEX_DOMAIN={domain_id}\nSERVER_PORT=50000\n");
+    /// The daemon's config files: `imexd.cfg` (see [`imexd`]), plus in DNS-name mode `nodes.cfg` and
+    /// `hosts`.
+    fn write_daemon_config(&self, dir: &std::path::Path) -> Result<(), Error> {
+        let nodes_config = self.dns.as_ref().map(|_| "/imexd/nodes.cfg");
+        let cfg = imexd::daemon_config(nodes_config);
         if let Some(dns) = &self.dns {
-            cfg.push_str("IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg\n");
             let nodes = dir.join("nodes.cfg");
             let names = gpu_dra_api::cdclique::dns_nodes_config(dns.max_nodes);
             write_atomic(&nodes, names.as_bytes()).map_err(|e| Error::io("writing", &nodes, e))?;
@@ -313,7 +316,7 @@ impl ComputeDomainState {
                     let dir = self.domain_dir(&domain_id);
                     std::fs::create_dir_all(&dir)
                         .map_err(|e| Error::io("creating the domain directory", &dir, e))?;
-                    self.write_daemon_config(&domain_id, &dir)?;
+                    self.write_daemon_config(&dir)?;
                     holdings.push(Holding::Daemon {
                         domain_id: domain_id.clone(),
                     });
@@ -333,8 +336,14 @@ impl ComputeDomainState {
                             f.follow(&domain_id, &alloc.claim.namespace, dir.join("hosts"));
                         }
                     }
+                    let mut env = vec![format!("COMPUTE_DOMAIN_UUID={domain_id}")];
+                    // As NVIDIA's plugin: an empty clique tells the daemon pod not to start IMEX.
+                    if let Some(labeler) = &self.labeler {
+                        let clique = labeler.clique_id().await?.unwrap_or_default();
+                        env.push(format!("CLIQUE_ID={clique}"));
+                    }
                     ContainerEdits {
-                        env: vec![format!("COMPUTE_DOMAIN_UUID={domain_id}")],
+                        env,
                         mounts,
                         ..Default::default()
                     }
@@ -468,17 +477,22 @@ pub struct KubeNodeLabeler {
     pub node: String,
 }
 
+impl KubeNodeLabeler {
+    async fn label(&self, key: &str) -> Result<Option<String>, Error> {
+        let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
+            .get(&self.node)
+            .await?;
+        Ok(node.metadata.labels.and_then(|l| l.get(key).cloned()))
+    }
+}
+
 impl NodeLabeler for KubeNodeLabeler {
     fn current(&self) -> BoxFuture<'_, Result<Option<String>, Error>> {
-        Box::pin(async move {
-            let node = kube::Api::<k8s_openapi::api::core::v1::Node>::all(self.client.clone())
-                .get(&self.node)
-                .await?;
-            Ok(node
-                .metadata
-                .labels
-                .and_then(|l| l.get(COMPUTE_DOMAIN_NODE_LABEL).cloned()))
-        })
+        Box::pin(self.label(COMPUTE_DOMAIN_NODE_LABEL))
+    }
+
+    fn clique_id(&self) -> BoxFuture<'_, Result<Option<String>, Error>> {
+        Box::pin(self.label(GPU_CLIQUE_NODE_LABEL))
     }
 
     fn set<'a>(&'a self, domain: Option<&'a str>) -> BoxFuture<'a, Result<(), Error>> {
@@ -498,5 +512,6 @@ impl NodeLabeler for KubeNodeLabeler {
 }
 
 pub mod hosts;
+pub mod imexd;
 #[cfg(test)]
 mod tests;

@@ -26,12 +26,13 @@ fn run(command: Command) -> anyhow::Result<()> {
     match command {
         Command::Slices(args) => dra_plugin::run::print_slices(args),
         Command::MockNvmlRoot(args) => dra_plugin::backend::nvml_mock_root::run(args),
-        // Two workers by default (`--worker-threads`): on the 64-claim bench, run alternately
-        // with one on this 2-core VM, prepare p99 was lower with two in 12 of 14 comparisons
-        // (burst 4.3-6.3 ms against 4.8-8.1 ms, back-to-back loop 5.1-6.6 ms against
-        // 5.8-8.9 ms) for 0.1-0.4 MiB more peak RSS; a node with more cores gains more. The
-        // blocking pool (checkpoint writes, hardware calls) is bounded, as each thread costs
-        // memory.
+        Command::ImexDaemon(args) => tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?
+            .block_on(dra_plugin::computedomain::imexd::main(args)),
+        // Two workers by default (`--worker-threads`): under concurrent prepares they lower p99
+        // against one for a fraction of a MiB. The blocking pool (checkpoint writes, hardware
+        // calls) is bounded, as each thread costs memory.
         Command::Run(args) => tokio::runtime::Builder::new_multi_thread()
             .worker_threads(args.worker_threads.into())
             .max_blocking_threads(8)

@@ -238,6 +238,21 @@ async fn scenario(env: &Env) -> Result<()> {
         )
         .await?;
         ensure_hosts_mount(env, node, &dir)?;
+        // The daemon pod learns the node's clique from the CDI spec, as from NVIDIA's plugin.
+        let specs = e2e::cdi::load(&env.node(node).dirs.cdi)?;
+        let daemon = specs
+            .iter()
+            .find(|(id, _)| {
+                id.starts_with(gpu_dra_api::names::COMPUTE_DOMAIN_CDI_VENDOR)
+                    && id.ends_with("-daemon-0")
+            })
+            .map(|(_, d)| d)
+            .with_context(|| format!("{node}: no daemon CDI device in {:?}", specs.keys()))?;
+        ensure!(
+            daemon.env_value("CLIQUE_ID") == Some(CLIQUE),
+            "{node}: daemon CDI env {:?}",
+            daemon.env
+        );
     }
     println!("cq1: hosts {expected:?}");
 

@@ -59,6 +59,9 @@ pub const COMPUTE_DOMAIN_NODE_LABEL: &str = "resource.nvidia.com/computeDomain";
 /// Label on daemon pods naming the clique (`<clusterUUID>.<cliqueId>`) the daemon joined; set by
 /// the daemon side, read into `status.nodes[].cliqueID`.
 pub const COMPUTE_DOMAIN_CLIQUE_LABEL: &str = "resource.nvidia.com/computeDomain.cliqueID";
+/// Node label with the node's NVLink clique (`<clusterUUID>.<cliqueId>`), as GPU Feature Discovery
+/// sets it; the controller groups daemons and the plugin tells the daemon pod by it.
+pub const GPU_CLIQUE_NODE_LABEL: &str = "nvidia.com/gpu.clique";
 /// Annotations on daemon objects that lead a watch event back to its domain.
 pub const COMPUTE_DOMAIN_NAMESPACE_ANNOTATION: &str = "resource.nvidia.com/computeDomain.namespace";
 pub const COMPUTE_DOMAIN_NAME_ANNOTATION: &str = "resource.nvidia.com/computeDomain.name";

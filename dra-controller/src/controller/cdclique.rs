@@ -8,7 +8,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use gpu_dra_api::cdclique::{self, ComputeDomainClique, DaemonInfo};
-use gpu_dra_api::names::{COMPUTE_DOMAIN_CLIQUE_LABEL, COMPUTE_DOMAIN_NODE_LABEL};
+use gpu_dra_api::names::{
+    COMPUTE_DOMAIN_CLIQUE_LABEL, COMPUTE_DOMAIN_NODE_LABEL, GPU_CLIQUE_NODE_LABEL,
+};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, Patch};
 use kube::{Client, ResourceExt};
@@ -17,10 +19,6 @@ use serde_json::json;
 use super::apply::{delete_background, params};
 use super::crd::{ComputeDomainNode, ComputeDomainStatus, DomainStatus};
 use super::error::Result;
-
-/// Node label with the node's NVLink clique (`<clusterUUID>.<cliqueId>`), as GPU Feature Discovery
-/// and NVIDIA's compute-domain plugin set it.
-pub const GPU_CLIQUE_NODE_LABEL: &str = "nvidia.com/gpu.clique";
 
 /// A running daemon, as the pods show it.
 #[derive(Clone, Debug, PartialEq)]

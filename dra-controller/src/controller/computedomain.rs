@@ -69,6 +69,9 @@ pub struct Ctx {
 pub struct DaemonImage {
     pub image: String,
     pub command: Vec<String>,
+    /// The startup, readiness and liveness probe's command; none when empty. A daemon pod is
+    /// `Ready` in the domain's status only once it passes.
+    pub check: Vec<String>,
 }
 
 /// Name of a domain's daemon DaemonSet and of its ResourceClaimTemplate (`compute-domain-daemon-<uid>`,
@@ -220,11 +223,39 @@ pub fn daemon_daemonset(
                             { "name": "COMPUTE_DOMAIN_NAMESPACE", "value": domain_namespace(cd)? },
                         ],
                         "resources": { "claims": [{ "name": DAEMON_REQUEST }] },
+                        // Root, as in NVIDIA's image: the daemon writes its pod IP into the
+                        // plugin's root-owned config and opens the IMEX channel devices.
+                        "securityContext": { "runAsUser": 0, "runAsGroup": 0 },
+                        "startupProbe": probe(&daemon.check, 1, 1200),
+                        "readinessProbe": probe(&daemon.check, 10, 1),
+                        "livenessProbe": probe(&daemon.check, 60, 20),
                     }],
+                    // As NVIDIA's: the daemon serves workloads on GPU nodes whatever their taints.
+                    "tolerations": tolerate_all(),
                 },
             },
         },
     }))
+}
+
+fn tolerate_all() -> Value {
+    ["NoSchedule", "NoExecute", "PreferNoSchedule"]
+        .map(|effect| json!({ "operator": "Exists", "effect": effect }))
+        .into()
+}
+
+/// An exec probe (10 s timeout) as NVIDIA's daemon pod has: 20 minutes to start at one try a second,
+/// ready on every 10 s success, restarted after 20 minutes of failing checks.
+fn probe(command: &[String], period_secs: u32, failures: u32) -> Value {
+    if command.iter().all(String::is_empty) {
+        return Value::Null;
+    }
+    json!({
+        "exec": { "command": command },
+        "periodSeconds": period_secs,
+        "timeoutSeconds": 10,
+        "failureThreshold": failures,
+    })
 }
 
 /// Pure: the domain's status from its daemon pods. Nodes keep the index they had; a new node takes the

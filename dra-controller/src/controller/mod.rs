@@ -65,14 +65,23 @@ pub struct RunArgs {
     /// Image of the per-ComputeDomain IMEX daemon pods.
     #[arg(long, env = "DAEMON_IMAGE", default_value_t = format!("{}/{}:{}", render::DEFAULT_REPOSITORY, render::DEFAULT_IMAGE, render::DEFAULT_VERSION))]
     pub daemon_image: String,
-    /// Command of the IMEX daemon container (comma-separated). The default runs NVIDIA's `nvidia-imex`
-    /// on the config the compute-domain kubelet plugin writes when it prepares the daemon device.
+    /// Command of the IMEX daemon container (comma-separated). The default keeps NVIDIA's
+    /// `nvidia-imex` running on the config the compute-domain kubelet plugin writes when it prepares
+    /// the daemon device, and signals it when the plugin updates the daemons' hosts file.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "nvidia-imex,-c,/imexd/imexd.cfg"
+        default_value = "dra-plugin,imex-daemon,run"
     )]
     pub daemon_command: Vec<String>,
+    /// The daemon container's probe command (comma-separated; empty: no probes). The default
+    /// succeeds once `nvidia-imex-ctl -q` answers READY.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "dra-plugin,imex-daemon,check"
+    )]
+    pub daemon_check_command: Vec<String>,
     /// NVIDIA's driver feature gates (`Name=bool,...`); the ComputeDomain controller reads
     /// `ComputeDomainCliques` and `IMEXDaemonsWithDNSNames`.
     #[arg(long, env = "FEATURE_GATES", default_value = "")]
@@ -218,6 +227,7 @@ pub async fn run(args: RunArgs) -> anyhow::Result<()> {
             daemon: computedomain::DaemonImage {
                 image: args.daemon_image.clone(),
                 command: args.daemon_command.clone(),
+                check: args.daemon_check_command.clone(),
             },
             metrics: metrics.clone(),
         });

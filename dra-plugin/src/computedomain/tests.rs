@@ -18,6 +18,9 @@ impl NodeLabeler for FakeLabeler {
             Ok(())
         })
     }
+    fn clique_id(&self) -> BoxFuture<'_, Result<Option<String>, Error>> {
+        Box::pin(async { Ok(Some("fabric-1.3".to_string())) })
+    }
 }
 
 struct Fixture {
@@ -180,7 +183,7 @@ async fn a_daemon_claim_gets_its_domain_directory() {
     );
     assert_eq!(
         s.devices[0].container_edits.env,
-        ["COMPUTE_DOMAIN_UUID=d-9"]
+        ["COMPUTE_DOMAIN_UUID=d-9", "CLIQUE_ID=fabric-1.3"]
     );
     assert_eq!(*f.labeler.0.lock().unwrap(), None, "daemons do not label");
     let _ = &f.dir;
