@@ -135,6 +135,14 @@ pub struct PodClaim<'a> {
     pub template: &'a str,
 }
 
+/// The repository the scenarios read manifests and binaries from: `E2E_REPO_ROOT`, else this
+/// checkout.
+pub fn repo_root() -> PathBuf {
+    std::env::var_os("E2E_REPO_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
+}
+
 impl Env {
     /// Sets up a scenario, or returns `None` (and says so) when no cluster is configured.
     pub async fn new(test: &str) -> Result<Option<Env>> {
@@ -145,9 +153,7 @@ impl Env {
             );
             return Ok(None);
         };
-        let repo = std::env::var_os("E2E_REPO_ROOT")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."));
+        let repo = repo_root();
         let work = std::env::var_os("E2E_WORKDIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| std::env::temp_dir().join("gpu-dra-e2e-work"));
@@ -455,6 +461,15 @@ impl Env {
         }
     }
 
+    /// Waits until the scenario's namespace has no pods left (`what` names the wait).
+    pub async fn wait_no_pods(&self, what: &str) -> Result<()> {
+        wait_until(what, WAIT, || async {
+            let pods = self.pods().list(&ListParams::default()).await?.items;
+            Ok(pods.is_empty().then_some(()))
+        })
+        .await
+    }
+
     /// Deletes the scenario's pods (through the kubelets), checks nothing stays prepared or
     /// allocated, stops the plugins and kubelets and removes nodes and namespace.
     pub async fn teardown(mut self) -> Result<()> {
@@ -462,16 +477,7 @@ impl Env {
         for p in &pods {
             self.delete_pod(&p.name_any()).await?;
         }
-        wait_until("all pods of the scenario gone", WAIT, || async {
-            Ok(self
-                .pods()
-                .list(&ListParams::default())
-                .await?
-                .items
-                .is_empty()
-                .then_some(()))
-        })
-        .await?;
+        self.wait_no_pods("all pods of the scenario gone").await?;
         wait_until("no allocated claims left", WAIT, || async {
             let claims = self.claims().list(&ListParams::default()).await?.items;
             let allocated: Vec<String> = claims

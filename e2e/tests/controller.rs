@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, Result, anyhow, bail};
-use e2e::env::{WAIT, client_from_env, wait_until, yaml_docs};
+use e2e::controller::{apply_crd_docs, apply_repo_crds, controller_bin};
+use e2e::env::{WAIT, client_from_env, repo_root, wait_until, yaml_docs};
 use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
@@ -128,56 +129,14 @@ impl World {
         Ok(Some(w))
     }
 
-    fn repo() -> PathBuf {
-        std::env::var_os("E2E_REPO_ROOT")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".."))
-    }
-
-    /// Server-side applies `deploy/crds/crds.yaml` and waits until both CRDs are Established.
+    /// Server-side applies `deploy/crds/crds.yaml` and waits until each CRD is Established.
     async fn apply_crds(&self) -> Result<()> {
-        let path = Self::repo().join("deploy/crds/crds.yaml");
-        let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
-        self.apply_crd_docs(yaml_docs(&text)?).await
-    }
-
-    /// Server-side applies CRDs and waits until each is Established.
-    async fn apply_crd_docs(&self, docs: Vec<Value>) -> Result<()> {
-        let crds: Api<CustomResourceDefinition> = Api::all(self.client.clone());
-        for doc in docs {
-            let name = doc["metadata"]["name"]
-                .as_str()
-                .context("CRD name")?
-                .to_owned();
-            crds.patch(&name, &ssa(), &Patch::Apply(&doc))
-                .await
-                .with_context(|| format!("applying CRD {name}"))?;
-            wait_until(&format!("CRD {name} Established"), WAIT, || async {
-                let crd = crds.get(&name).await?;
-                let established = crd
-                    .status
-                    .and_then(|s| s.conditions)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.type_ == "Established" && c.status == "True");
-                Ok(established.then_some(()))
-            })
-            .await?;
-        }
-        Ok(())
+        apply_repo_crds(&self.client, &repo_root()).await
     }
 
     /// Starts `dra-controller run` with both controllers against the test cluster.
     fn start_controller(&mut self) -> Result<()> {
-        let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| Self::repo().join("target/debug/dra-controller"));
-        if !bin.exists() {
-            bail!(
-                "{} not found: `cargo build -p dra-controller` or set E2E_CONTROLLER_BIN",
-                bin.display()
-            );
-        }
+        let bin = controller_bin(&repo_root())?;
         let log = std::fs::File::create(&self.log)?;
         let child = Command::new(&bin)
             .args([
@@ -789,7 +748,7 @@ async fn helm_bin() -> Result<PathBuf> {
     if let Some(bin) = std::env::var_os("E2E_HELM_BIN") {
         return Ok(PathBuf::from(bin));
     }
-    let script = World::repo().join("deploy/helm/build-helm.sh");
+    let script = repo_root().join("deploy/helm/build-helm.sh");
     let out = Command::new("bash")
         .arg(&script)
         .stderr(Stdio::inherit())
@@ -816,7 +775,7 @@ async fn helm_bin() -> Result<PathBuf> {
 
 /// `helm template` of the chart into namespace `NS` with `--set` values, as parsed documents.
 async fn helm_template(helm: &Path, sets: &[&str]) -> Result<Vec<Value>> {
-    let chart = World::repo().join("deploy/helm/gpu-dra-driver");
+    let chart = repo_root().join("deploy/helm/gpu-dra-driver");
     let mut cmd = Command::new(helm);
     cmd.args(["template", "gpu-dra"])
         .arg(&chart)
@@ -896,7 +855,7 @@ async fn c5_helm_chart_renders_and_passes_server_dry_run() -> Result<()> {
         let (crds, objects): (Vec<Value>, Vec<Value>) = docs
             .into_iter()
             .partition(|d| d["kind"] == "CustomResourceDefinition");
-        w.apply_crd_docs(crds).await?;
+        apply_crd_docs(&w.client, crds).await?;
         let discovery = wait_until("discovery to serve nvidia.com GPUCluster", WAIT, || async {
             let d = kube::Discovery::new(w.client.clone()).run().await?;
             let gvk = GroupVersionKind::gvk("nvidia.com", "v1alpha1", "GPUCluster");
@@ -1023,7 +982,7 @@ async fn c6_relabelling_moves_the_pool_and_claims_hold_a_leaving_node() -> Resul
 
 /// The GPU Operator's GPUClusters (`dra-controller/tests/operator/gpuclusters.yaml`), without status.
 fn operator_gpuclusters() -> Result<Vec<Value>> {
-    let path = World::repo().join("dra-controller/tests/operator/gpuclusters.yaml");
+    let path = repo_root().join("dra-controller/tests/operator/gpuclusters.yaml");
     let text = std::fs::read_to_string(&path).with_context(|| path.display().to_string())?;
     let mut docs = yaml_docs(&text)?;
     for d in &mut docs {
@@ -1047,7 +1006,7 @@ fn subset(sub: &Value, sup: &Value) -> bool {
 
 /// `helm template --dry-run=server` against the test cluster, so the chart's `lookup` runs.
 async fn helm_server_template(helm: &Path, kubeconfig: &Path, sets: &[&str]) -> Result<String> {
-    let chart = World::repo().join("deploy/helm/gpu-dra-driver");
+    let chart = repo_root().join("deploy/helm/gpu-dra-driver");
     let mut cmd = Command::new(helm);
     cmd.args(["template", "gpu-dra"])
         .arg(&chart)

@@ -153,10 +153,11 @@ async fn exporter_scenario(
         .get(EXPORTER)
         .await
         .context("the admin-access template")?;
-    let svc = services
-        .get(EXPORTER)
-        .await
-        .context("the exporter Service")?;
+    // Applied after the DaemonSet, so it may not exist yet when the DaemonSet first does.
+    let svc = wait_until("the exporter Service", WAIT, || async {
+        Ok(services.get_opt(EXPORTER).await?)
+    })
+    .await?;
     let port = svc.spec.and_then(|s| s.ports).unwrap_or_default();
     ensure!(
         port.first().map(|p| p.port) == Some(9400),

@@ -2,14 +2,14 @@
 //! for the controller, writes the node's MigLayout spec; the plugin carves or restores GPUs, never
 //! destroys a device a claim holds, and converges after a restart in the middle of a change.
 use anyhow::{Context, Result, ensure};
+use e2e::controller::apply_crd_docs;
 use e2e::env::{Env, PodClaim, WAIT, allocation_results, wait_until};
 use e2e::env_or_skip;
 use gpu_dra_api::miglayout::{APPLIED_CONDITION, MigLayout};
 use gpu_dra_api::names::MIG_LAYOUT_CONTROLLER_FIELD_MANAGER;
 use k8s_openapi::api::core::v1::Event;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
 use kube::api::{Api, ListParams, Patch, PatchParams};
-use kube::{CustomResourceExt, ResourceExt};
 use serde_json::json;
 
 const TEMPLATE: &str = r#"
@@ -31,27 +31,10 @@ spec:
 
 /// Installs the MigLayout CRD (`MigLayout::crd()`) and waits until it is Established.
 async fn install_crd(env: &Env) -> Result<()> {
-    let crds: Api<CustomResourceDefinition> = Api::all(env.client.clone());
-    let crd = MigLayout::crd();
-    let name = crd.name_any();
-    let mut body = serde_json::to_value(&crd)?;
+    let mut body = serde_json::to_value(MigLayout::crd())?;
     body["apiVersion"] = json!("apiextensions.k8s.io/v1");
     body["kind"] = json!("CustomResourceDefinition");
-    crds.patch(
-        &name,
-        &PatchParams::apply("e2e").force(),
-        &Patch::Apply(body),
-    )
-    .await?;
-    wait_until(&format!("CRD {name} Established"), WAIT, || async {
-        let c = crds.get(&name).await?;
-        let conds = c.status.and_then(|s| s.conditions).unwrap_or_default();
-        Ok(conds
-            .iter()
-            .any(|c| c.type_ == "Established" && c.status == "True")
-            .then_some(()))
-    })
-    .await
+    apply_crd_docs(&env.client, vec![body]).await
 }
 
 /// Writes the node's spec as the controller does: `gpus` is `[(uuid, [(profile, start)])]`.

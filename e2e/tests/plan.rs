@@ -6,15 +6,16 @@
 //!
 //! `E2E_TEST_TARGETS="--test plan" bash e2e/run.sh p1`.
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
+use e2e::controller::controller_bin;
 use e2e::env::{Env, WAIT, allocation_results, wait_until, yaml_docs, yaml_files};
 use e2e::env_or_skip;
 use e2e::manifests::{self, WorkloadControllers};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use kube::ResourceExt;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch,
@@ -193,16 +194,7 @@ async fn p1_plan_live_cluster_and_run_its_manifests() -> Result<()> {
     let result = check_running(&env, &planned).await;
     manifests::delete_applied(&env.client, &applied).await?;
     result?;
-    wait_until("the plan's pods gone", WAIT, || async {
-        Ok(env
-            .pods()
-            .list(&ListParams::default())
-            .await?
-            .items
-            .is_empty()
-            .then_some(()))
-    })
-    .await?;
+    env.wait_no_pods("the plan's pods gone").await?;
     controllers.check_alive()?;
     drop(controllers);
     println!("p1: plan, apply, run in {:.0}s", t0.elapsed().as_secs_f64());
@@ -348,9 +340,7 @@ async fn wait_pending_pods(env: &Env, n: usize) -> Result<()> {
 /// Runs `dra-controller plan --kubeconfig` on the four nodes, writing to `out`; returns the JSON
 /// report. Its exit status is 0 only when every pod fits.
 fn run_plan(env: &Env, out: &Path) -> Result<Value> {
-    let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| env.repo.join("target/debug/dra-controller"));
+    let bin = controller_bin(&env.repo)?;
     let _ = std::fs::remove_dir_all(out);
     let output = std::process::Command::new(&bin)
         .arg("plan")
@@ -510,9 +500,5 @@ async fn delete_old_workloads(env: &Env) -> Result<()> {
         .delete("gpu-train", &dp)
         .await?;
     env.delete_pod("mig-probe").await?;
-    wait_until("the old workloads' pods gone", WAIT, || async {
-        let pods: Vec<Pod> = env.pods().list(&ListParams::default()).await?.items;
-        Ok(pods.is_empty().then_some(()))
-    })
-    .await
+    env.wait_no_pods("the old workloads' pods gone").await
 }

@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, Result, anyhow, bail};
-use e2e::env::{WAIT, client_from_env, create_node, wait_until, yaml_docs};
+use e2e::controller::{apply_repo_crds, controller_bin};
+use e2e::env::{WAIT, client_from_env, create_node, repo_root, wait_until};
 use k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicyBinding;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, Node, Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::ClusterRoleBinding;
 use k8s_openapi::api::resource::v1::ResourceSlice;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
@@ -32,10 +32,6 @@ const VAP: &str = "gpu-dra-resourceslices-own-node";
 const NODE_A: &str = "sp-a";
 const NODE_B: &str = "sp-b";
 
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
 fn ssa() -> PatchParams {
     PatchParams::apply("e2e").force()
 }
@@ -50,24 +46,7 @@ fn gpuclusters(client: &Client) -> Api<DynamicObject> {
 
 /// The CRDs, the driver namespace, two nodes, the controller and a GPUCluster.
 async fn setup(client: &Client, kubeconfig: &Path, log: &Path) -> Result<Child> {
-    let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-    let text = std::fs::read_to_string(repo().join("deploy/crds/crds.yaml"))?;
-    for doc in yaml_docs(&text)? {
-        let name = doc["metadata"]["name"]
-            .as_str()
-            .context("CRD name")?
-            .to_owned();
-        crds.patch(&name, &ssa(), &Patch::Apply(&doc)).await?;
-        wait_until(&format!("CRD {name} Established"), WAIT, || async {
-            let conditions = crds.get(&name).await?.status.and_then(|s| s.conditions);
-            let up = conditions
-                .unwrap_or_default()
-                .iter()
-                .any(|c| c.type_ == "Established" && c.status == "True");
-            Ok(up.then_some(()))
-        })
-        .await?;
-    }
+    apply_repo_crds(client, &repo_root()).await?;
     let ns = json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}});
     Api::<Namespace>::all(client.clone())
         .patch(NS, &ssa(), &Patch::Apply(&ns))
@@ -75,9 +54,7 @@ async fn setup(client: &Client, kubeconfig: &Path, log: &Path) -> Result<Child> 
     for n in [NODE_A, NODE_B] {
         create_node(client, n, "slice_policy").await?;
     }
-    let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo().join("target/debug/dra-controller"));
+    let bin = controller_bin(&repo_root())?;
     let out = std::fs::File::create(log)?;
     let child = Command::new(&bin)
         .args(["run", "--namespace", NS, "--metrics-addr", "127.0.0.1:0"])

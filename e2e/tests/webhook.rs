@@ -12,6 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
 use anyhow::{Context, Result, bail};
+use e2e::controller::controller_bin;
 use e2e::env::{WAIT, client_from_env, wait_until};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
@@ -84,11 +85,7 @@ impl World {
     }
 
     fn start_webhook(&mut self) -> Result<()> {
-        let bin = std::env::var_os("E2E_CONTROLLER_BIN")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| {
-                Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/debug/dra-controller")
-            });
+        let bin = controller_bin(&e2e::env::repo_root())?;
         let log = std::fs::File::options()
             .create(true)
             .append(true)
