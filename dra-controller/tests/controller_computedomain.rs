@@ -1,4 +1,5 @@
 //! The ComputeDomain reconciler against a mock API server: the exact calls, in order, and their bodies.
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -128,11 +129,19 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
         pod("node-b", true, "10.0.0.2", Some("cluster-uuid.1")),
         pod("node-a", false, "10.0.0.1", None),
     ];
+    // node-a's daemon pod has no clique label: its node's `nvidia.com/gpu.clique` stands in.
+    let clique_node = json!({ "metadata": { "name": "node-a", "labels": {
+        names::COMPUTE_DOMAIN_NODE_LABEL: UID, names::GPU_CLIQUE_NODE_LABEL: "cluster-uuid.2" } } });
     let calls = vec![
         call(Method::PATCH, WORKLOAD_RCT, Reply::Echo),
         call(Method::PATCH, DAEMON_RCT, Reply::Echo),
         call(Method::PATCH, DAEMON_DS, Reply::Echo),
         call(Method::GET, DAEMON_PODS, list("Pod", pods)),
+        call(
+            Method::GET,
+            "/api/v1/nodes",
+            list("Node", vec![clique_node]),
+        ),
         call(Method::PATCH, CD_STATUS, Reply::Json(cd_json)),
     ];
     let (action, seen) = run(cd, calls).await;
@@ -141,7 +150,8 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
         Action::requeue(Duration::from_secs(3600)),
         "daemon pods are watched: no polling while the domain is not ready"
     );
-    for (uri, _) in seen.iter().filter(|(u, _)| !u.starts_with(DAEMON_PODS)) {
+    let reads = |u: &str| u.starts_with(DAEMON_PODS) || u.starts_with("/api/v1/nodes");
+    for (uri, _) in seen.iter().filter(|(u, _)| !reads(u)) {
         assert!(
             uri.contains("fieldManager=gpu-dra-controller") && uri.contains("force=true"),
             "every write is a forced apply under our field manager: {uri}"
@@ -243,18 +253,26 @@ async fn converge_creates_templates_and_daemonset_then_aggregates_status() {
         "{}",
         seen[3].0
     );
+    assert!(
+        seen[4].0.starts_with("/api/v1/nodes?")
+            && seen[4]
+                .0
+                .contains("labelSelector=resource.nvidia.com%2FcomputeDomain%3D"),
+        "{}",
+        seen[4].0
+    );
     // node-b keeps index 1; node-a takes the free 0. One of two nodes ready: NotReady.
     assert_eq!(
-        (&seen[4].1["apiVersion"], &seen[4].1["kind"]),
+        (&seen[5].1["apiVersion"], &seen[5].1["kind"]),
         (
             &json!("resource.nvidia.com/v1beta1"),
             &json!("ComputeDomain")
         )
     );
     assert_eq!(
-        seen[4].1["status"],
+        seen[5].1["status"],
         json!({ "status": "NotReady", "nodes": [
-            { "name": "node-a", "ipAddress": "10.0.0.1", "cliqueID": "", "index": 0, "status": "NotReady" },
+            { "name": "node-a", "ipAddress": "10.0.0.1", "cliqueID": "cluster-uuid.2", "index": 0, "status": "NotReady" },
             { "name": "node-b", "ipAddress": "10.0.0.2", "cliqueID": "cluster-uuid.1", "index": 1, "status": "Ready" },
         ] })
     );
@@ -274,6 +292,7 @@ async fn an_unchanged_status_is_not_written_again() {
         call(Method::PATCH, DAEMON_RCT, Reply::Echo),
         call(Method::PATCH, DAEMON_DS, Reply::Echo),
         call(Method::GET, DAEMON_PODS, list("Pod", pods)),
+        call(Method::GET, "/api/v1/nodes", list("Node", vec![])),
     ];
     let (action, seen) = run(cd, calls).await;
     assert_eq!(action, Action::requeue(Duration::from_secs(3600)));
@@ -380,20 +399,27 @@ fn pods(v: Vec<Value>) -> Vec<Pod> {
 
 #[test]
 fn aggregate_counts_ready_nodes_against_num_nodes() {
+    let none = BTreeMap::new();
     let two_ready = pods(vec![
         pod("a", true, "10.0.0.1", None),
         pod("b", true, "10.0.0.2", None),
     ]);
-    assert_eq!(aggregate(&[], &two_ready, 2).status, DomainStatus::Ready);
-    assert_eq!(aggregate(&[], &two_ready, 3).status, DomainStatus::NotReady);
+    assert_eq!(
+        aggregate(&[], &two_ready, &none, 2).status,
+        DomainStatus::Ready
+    );
+    assert_eq!(
+        aggregate(&[], &two_ready, &none, 3).status,
+        DomainStatus::NotReady
+    );
     // numNodes 0: ready when every daemon that exists is ready, including none yet.
-    assert_eq!(aggregate(&[], &[], 0).status, DomainStatus::Ready);
+    assert_eq!(aggregate(&[], &[], &none, 0).status, DomainStatus::Ready);
     let one_starting = pods(vec![
         pod("a", true, "10.0.0.1", None),
         pod("b", false, "10.0.0.2", None),
     ]);
     assert_eq!(
-        aggregate(&[], &one_starting, 0).status,
+        aggregate(&[], &one_starting, &none, 0).status,
         DomainStatus::NotReady
     );
 }
@@ -419,6 +445,7 @@ fn aggregate_keeps_indices_and_skips_terminating_and_unscheduled_pods() {
             terminating,
             unscheduled,
         ]),
+        &BTreeMap::new(),
         0,
     );
     let got: Vec<_> = st

@@ -198,6 +198,19 @@ fn selector(uid: &str) -> ListParams {
     ListParams::default().labels(&format!("{COMPUTE_DOMAIN_NODE_LABEL}={uid}"))
 }
 
+/// The NVLink clique (`nvidia.com/gpu.clique`) of each node of domain `uid`, by node name. The
+/// plugin labels exactly the domain's nodes, so this list stays as small as the domain.
+pub async fn node_cliques(client: &Client, uid: &str) -> Result<BTreeMap<String, String>> {
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&selector(uid))
+        .await?;
+    Ok(nodes
+        .items
+        .iter()
+        .filter_map(|n| Some((n.name_any(), n.labels().get(GPU_CLIQUE_NODE_LABEL)?.clone())))
+        .collect())
+}
+
 /// Brings the domain's cliques in line with its daemon pods and returns the status to report.
 pub async fn sync(
     client: &Client,
@@ -206,15 +219,7 @@ pub async fn sync(
     pods: &[Pod],
     num_nodes: i32,
 ) -> Result<ComputeDomainStatus> {
-    // The plugin labels exactly the domain's nodes, so this list stays as small as the domain.
-    let nodes = Api::<Node>::all(client.clone())
-        .list(&selector(uid))
-        .await?;
-    let node_cliques: BTreeMap<String, String> = nodes
-        .items
-        .iter()
-        .filter_map(|n| Some((n.name_any(), n.labels().get(GPU_CLIQUE_NODE_LABEL)?.clone())))
-        .collect();
+    let node_cliques = node_cliques(client, uid).await?;
     let daemons = daemons(pods, &node_cliques);
     let api: Api<ComputeDomainClique> = Api::namespaced(client.clone(), namespace);
     let existing = api.list(&selector(uid)).await?.items;

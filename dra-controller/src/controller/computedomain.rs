@@ -264,14 +264,16 @@ fn probe(command: &[String], period_secs: u32, failures: u32) -> Value {
 pub fn aggregate(
     previous: &[ComputeDomainNode],
     pods: &[Pod],
+    node_cliques: &BTreeMap<String, String>,
     num_nodes: i32,
 ) -> ComputeDomainStatus {
     let before: BTreeMap<&str, i32> = previous
         .iter()
         .map(|n| (n.name.as_str(), n.index))
         .collect();
-    // Without cliques the clique ID comes from the daemon pod's label only.
-    let daemons = cdclique::daemons(pods, &BTreeMap::new());
+    // A node's clique is in its status as NVIDIA's daemon reports it: the daemon pod's label, else
+    // the node's `nvidia.com/gpu.clique` (the CLIQUE_ID the plugin gives the daemon).
+    let daemons = cdclique::daemons(pods, node_cliques);
     let names: Vec<&str> = daemons.iter().map(|d| d.node.as_str()).collect();
     let mut nodes: Vec<ComputeDomainNode> = daemons
         .iter()
@@ -353,7 +355,8 @@ pub async fn reconcile(cd: Arc<ComputeDomain>, ctx: Arc<Ctx>) -> Result<Action> 
         cdclique::sync(client, driver_ns, &uid, &pods.items, cd.spec.num_nodes).await?
     } else {
         let previous = cd.status.as_ref().map_or(&[][..], |s| s.nodes.as_slice());
-        aggregate(previous, &pods.items, cd.spec.num_nodes)
+        let node_cliques = cdclique::node_cliques(client, &uid).await?;
+        aggregate(previous, &pods.items, &node_cliques, cd.spec.num_nodes)
     };
     // An unchanged status is not written again: each write would wake every watcher of the object.
     if cd.status.as_ref() != Some(&status) {
