@@ -1,8 +1,9 @@
 //! The compute-domain driver (`compute-domain.nvidia.com`): one IMEX channel device and one IMEX
 //! daemon device per node. Preparing a channel injects the channel's device node through CDI and
 //! labels the node with the domain, which is what lands the domain's daemon DaemonSet there;
-//! preparing the daemon device hands the daemon its per-domain config directory (with
-//! `IMEXDaemonsWithDNSNames`, a DNS-name nodes config and a hosts file, see [`hosts`]).
+//! preparing the daemon device hands the daemon its per-domain config directory: `imexd.cfg` and a
+//! nodes config of DNS names and a hosts file with `IMEXDaemonsWithDNSNames` (see [`hosts`]), of
+//! the clique's IPs without it (see [`ips`]), kept current by a [`follow::PeerFollower`].
 //!
 //! Run with `dra-plugin run --driver-name compute-domain.nvidia.com` next to the GPU plugin.
 use std::collections::BTreeMap;
@@ -78,16 +79,20 @@ pub trait NodeLabeler: Send + Sync + 'static {
     fn clique_id(&self) -> BoxFuture<'_, Result<Option<String>, Error>>;
 }
 
-/// `IMEXDaemonsWithDNSNames`: how many DNS names the nodes config lists, and who keeps each
-/// prepared daemon's hosts file current (none in offline mode).
-pub struct DnsNames {
-    pub max_nodes: u32,
-    pub hosts: Option<Arc<dyn hosts::CliqueHosts>>,
+/// How a daemon finds its peers, as NVIDIA's `IMEXDaemonsWithDNSNames` decides.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Peers {
+    /// On: the nodes config lists `max_nodes` DNS names; a hosts file maps them to daemon IPs.
+    DnsNames { max_nodes: u32 },
+    /// Off: the nodes config lists the IPs of the node's clique.
+    Ips,
 }
 
 pub struct ComputeDomainState {
     checkpoint: Checkpoint,
-    dns: Option<DnsNames>,
+    peers: Peers,
+    /// Keeps each prepared daemon's hosts file or IP list current (none in offline mode).
+    follower: Option<Arc<dyn follow::PeerFollower>>,
     cdi_root: PathBuf,
     plugin_dir: PathBuf,
     channels_dir: PathBuf,
@@ -114,51 +119,73 @@ impl ComputeDomainState {
             plugin_dir,
             channels_dir,
             labeler,
-            dns: None,
+            peers: Peers::Ips,
+            follower: None,
             lock: tokio::sync::Mutex::new(()),
         }
     }
 
-    /// Turns on DNS-name mode (`IMEXDaemonsWithDNSNames`).
-    pub fn with_dns_names(mut self, dns: DnsNames) -> Self {
-        self.dns = Some(dns);
+    /// How daemons find their peers, and who keeps their files current.
+    pub fn with_peers(
+        mut self,
+        peers: Peers,
+        follower: Option<Arc<dyn follow::PeerFollower>>,
+    ) -> Self {
+        self.peers = peers;
+        self.follower = follower;
         self
+    }
+
+    /// The file the follower keeps in a domain directory.
+    fn followed_file(&self, dir: &std::path::Path) -> PathBuf {
+        match self.peers {
+            Peers::DnsNames { .. } => dir.join("hosts"),
+            Peers::Ips => dir.join("nodes.cfg"),
+        }
     }
 
     fn domain_dir(&self, domain_id: &str) -> PathBuf {
         self.plugin_dir.join("domains").join(domain_id)
     }
 
-    /// After a restart: follow the cliques of every daemon claim the checkpoint holds.
-    pub fn resume_hosts(&self) {
-        let Some(follower) = self.dns.as_ref().and_then(|d| d.hosts.as_ref()) else {
+    /// After a restart: follow the peers of every daemon claim the checkpoint holds.
+    pub fn resume_followers(&self) {
+        let Some(follower) = &self.follower else {
             return;
         };
         for r in self.checkpoint.claims().values() {
             for h in &r.hardware {
                 if let Ok(Holding::Daemon { domain_id }) = serde_json::from_value(h.clone()) {
-                    let path = self.domain_dir(&domain_id).join("hosts");
+                    let path = self.followed_file(&self.domain_dir(&domain_id));
                     follower.follow(&domain_id, &r.namespace, path);
                 }
             }
         }
     }
 
-    /// The daemon's config files: `imexd.cfg` (see [`imexd`]), plus in DNS-name mode `nodes.cfg` and
+    /// The daemon's config files: `imexd.cfg` (see [`imexd`]) and `nodes.cfg`, plus in DNS-name mode
     /// `hosts`.
     fn write_daemon_config(&self, dir: &std::path::Path) -> Result<(), Error> {
-        let nodes_config = self.dns.as_ref().map(|_| "/imexd/nodes.cfg");
-        let cfg = imexd::daemon_config(nodes_config);
-        if let Some(dns) = &self.dns {
-            let nodes = dir.join("nodes.cfg");
-            let names = gpu_dra_api::cdclique::dns_nodes_config(dns.max_nodes);
-            write_atomic(&nodes, names.as_bytes()).map_err(|e| Error::io("writing", &nodes, e))?;
-            let hosts_path = dir.join("hosts");
-            // Kept when present: a running daemon's bind mount must keep its inode.
-            if !hosts_path.exists() {
-                hosts::write_hosts(&hosts_path, "")
-                    .map_err(|e| Error::io("writing", &hosts_path, e))?;
+        let cfg = imexd::daemon_config();
+        let nodes = dir.join("nodes.cfg");
+        match self.peers {
+            Peers::DnsNames { max_nodes } => {
+                let names = gpu_dra_api::cdclique::dns_nodes_config(max_nodes);
+                write_atomic(&nodes, names.as_bytes())
+                    .map_err(|e| Error::io("writing", &nodes, e))?;
+                let hosts_path = dir.join("hosts");
+                // Kept when present: a running daemon's bind mount must keep its inode.
+                if !hosts_path.exists() {
+                    hosts::write_hosts(&hosts_path, "")
+                        .map_err(|e| Error::io("writing", &hosts_path, e))?;
+                }
             }
+            // Empty until the follower has the domain's full IP list; kept when present, as a
+            // re-prepare must not take a running daemon's peers away.
+            Peers::Ips if !nodes.exists() => {
+                write_atomic(&nodes, b"").map_err(|e| Error::io("writing", &nodes, e))?;
+            }
+            Peers::Ips => {}
         }
         let path = dir.join("imexd.cfg");
         write_atomic(&path, cfg.as_bytes()).map_err(|e| Error::io("writing", &path, e))
@@ -325,16 +352,16 @@ impl ComputeDomainState {
                         container_path: "/imexd".into(),
                         options: vec!["rw".into(), "bind".into()],
                     }];
-                    if let Some(dns) = &self.dns {
+                    if let Peers::DnsNames { .. } = self.peers {
                         // The daemon resolves the DNS names of nodes.cfg through this file.
                         mounts.push(Mount {
                             host_path: dir.join("hosts").to_string_lossy().into_owned(),
                             container_path: "/etc/hosts".into(),
                             options: vec!["ro".into(), "bind".into()],
                         });
-                        if let Some(f) = &dns.hosts {
-                            f.follow(&domain_id, &alloc.claim.namespace, dir.join("hosts"));
-                        }
+                    }
+                    if let Some(f) = &self.follower {
+                        f.follow(&domain_id, &alloc.claim.namespace, self.followed_file(&dir));
                     }
                     let mut env = vec![format!("COMPUTE_DOMAIN_UUID={domain_id}")];
                     // As NVIDIA's plugin: an empty clique tells the daemon pod not to start IMEX.
@@ -438,7 +465,7 @@ impl ComputeDomainState {
                 c.remove(uid);
             })
             .await?;
-        if let Some(f) = self.dns.as_ref().and_then(|d| d.hosts.as_ref()) {
+        if let Some(f) = &self.follower {
             for d in daemon_domains {
                 f.stop(&d);
             }
@@ -511,7 +538,9 @@ impl NodeLabeler for KubeNodeLabeler {
     }
 }
 
+pub mod follow;
 pub mod hosts;
 pub mod imexd;
+pub mod ips;
 #[cfg(test)]
 mod tests;

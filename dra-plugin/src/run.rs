@@ -374,7 +374,7 @@ pub async fn run_until(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow
 /// `dra-plugin run --driver-name compute-domain.nvidia.com`: the IMEX channel and daemon devices.
 async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     use crate::computedomain::{
-        CHANNELS_DIR, ComputeDomainState, DnsNames, KubeNodeLabeler, NodeLabeler, pool_contents,
+        CHANNELS_DIR, ComputeDomainState, KubeNodeLabeler, NodeLabeler, pool_contents,
     };
     let dev = &args.device;
     let metrics = Arc::new(Metrics::new());
@@ -404,7 +404,8 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
             node: dev.node_name.clone(),
         }) as Arc<dyn NodeLabeler>
     });
-    use crate::computedomain::hosts::{CliqueHosts, KubeCliqueHosts};
+    use crate::computedomain::Peers;
+    use crate::computedomain::follow::{KubeFollower, PeerFile, PeerFollower};
     let mut state = ComputeDomainState::new(
         checkpoint,
         args.cdi_root.clone(),
@@ -412,16 +413,18 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
         CHANNELS_DIR.into(),
         labeler,
     );
-    if FeatureGates::parse(&dev.feature_gates)?.enabled("IMEXDaemonsWithDNSNames") {
-        let hosts = client.clone().map(|c| {
-            Arc::new(KubeCliqueHosts::new(c, dev.node_name.clone())) as Arc<dyn CliqueHosts>
-        });
-        state = state.with_dns_names(DnsNames {
-            max_nodes: args.max_nodes_per_imex_domain,
-            hosts,
-        });
-        state.resume_hosts();
-    }
+    let (peers, file) =
+        if FeatureGates::parse(&dev.feature_gates)?.enabled("IMEXDaemonsWithDNSNames") {
+            let max_nodes = args.max_nodes_per_imex_domain;
+            (Peers::DnsNames { max_nodes }, PeerFile::Hosts)
+        } else {
+            (Peers::Ips, PeerFile::IpList)
+        };
+    let follower = client.clone().map(|c| {
+        Arc::new(KubeFollower::new(c, dev.node_name.clone(), file)) as Arc<dyn PeerFollower>
+    });
+    state = state.with_peers(peers, follower);
+    state.resume_followers();
     let state = Arc::new(state);
     let claims: Arc<dyn ClaimSource> = match (&args.offline_claims_dir, &client) {
         (Some(dir), _) => Arc::new(FileClaims::new(

@@ -27,8 +27,9 @@ impl Fixture {
     fn new() -> Fixture {
         let dir = tempfile::tempdir().unwrap();
         let root = dir.path().to_path_buf();
-        let cfg = dra_plugin::computedomain::imexd::daemon_config(Some("/imexd/nodes.cfg"));
+        let cfg = dra_plugin::computedomain::imexd::daemon_config();
         std::fs::write(root.join("imexd.cfg"), cfg).unwrap();
+        std::fs::write(root.join("nodes.cfg"), "compute-domain-daemon-0000\n").unwrap();
         std::fs::write(root.join("hosts"), "127.0.0.1\tlocalhost\n").unwrap();
         for (name, text) in [("nvidia-imex", FAKE_IMEX), ("nvidia-imex-ctl", FAKE_CTL)] {
             let path = root.join(name);
@@ -49,6 +50,8 @@ impl Fixture {
             .arg(self.path("imexd.cfg"))
             .arg("--hosts-file")
             .arg(self.path("hosts"))
+            .arg("--nodes-config")
+            .arg(self.path("nodes.cfg"))
             .arg("--imex-binary")
             .arg(self.path("nvidia-imex"))
             .arg("--imex-ctl-binary")
@@ -147,6 +150,39 @@ fn run_signals_hosts_changes_restarts_the_daemon_and_stops_it() {
         "{out:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    assert_eq!(f.log().last().map(String::as_str), Some("term"));
+}
+
+/// `IMEXDaemonsWithDNSNames` off: no daemon until the plugin has written the peer IPs, a restart
+/// on each new list (NVIDIA's daemon does the same), none for a rewrite with the same list.
+#[test]
+fn run_waits_for_the_ip_list_and_restarts_the_daemon_on_a_new_one() {
+    let f = Fixture::new();
+    write_in_place(&f.path("nodes.cfg"), "");
+    let sup = f.command("run").spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(400));
+    assert!(f.log().is_empty(), "started without peers: {:?}", f.log());
+
+    write_in_place(&f.path("nodes.cfg"), "10.0.0.1\n10.0.0.2\n");
+    f.wait_log("start on the first list", |l| count(l, "start") == 1);
+    write_in_place(&f.path("nodes.cfg"), "10.0.0.1\n10.0.0.2\n");
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(count(&f.log(), "start"), 1, "{:?}", f.log());
+
+    write_in_place(&f.path("nodes.cfg"), "10.0.0.1\n10.0.0.3\n");
+    let log = f.wait_log("restart on a new list", |l| count(l, "start") == 2);
+    assert_eq!(
+        log.iter()
+            .map(|l| l.split(' ').next().unwrap())
+            .collect::<Vec<_>>(),
+        ["start", "term", "start"],
+        "the old daemon stops before the new one starts"
+    );
+    assert_eq!(count(&log, "usr1"), 0, "{log:?}");
+
+    signal(sup.id(), libc::SIGTERM);
+    let out = wait_exit(sup);
+    assert!(out.status.success(), "{out:?}");
     assert_eq!(f.log().last().map(String::as_str), Some("term"));
 }
 

@@ -4,10 +4,12 @@
 //! takes the domain's channel; kube-controller-manager's DaemonSet controller (run for this test)
 //! starts the domain's IMEX daemon pods, whose daemon claims the compute-domain plugin prepares.
 //!
-//! Checked: one ComputeDomainClique with one entry per node (IP, index, Ready) and the domain's
-//! status built from it; the daemon's nodes config lists DNS names, and the hosts file mounted over
-//! its `/etc/hosts` maps them to the daemon pod IPs, following a node that leaves; deleting the
-//! domain deletes the clique.
+//! Checked (`cq1`): one ComputeDomainClique with one entry per node (IP, index, Ready) and the
+//! domain's status built from it; the daemon's nodes config lists DNS names, and the hosts file
+//! mounted over its `/etc/hosts` maps them to the daemon pod IPs, following a node that leaves;
+//! deleting the domain deletes the clique. With both gates off (`cq2`): the domain's status lists
+//! each node with its clique, and the nodes config lists the clique's daemon IPs once both daemons
+//! are there, keeping them when one leaves, as NVIDIA's daemon does.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -94,13 +96,13 @@ fn hosts_map(env: &Env, node: &str, uid: &str) -> Result<BTreeMap<String, String
         .collect())
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cq1_cliques_and_dns_names_through_the_kubelet() -> Result<()> {
-    let mut env = env_or_skip!("cq1_cliques_and_dns_names_through_the_kubelet");
-    apply_crds(&env).await?;
-    for node in NODES {
+/// Two GB200 nodes in clique `CLIQUE`, each with both plugins, and a filler pod on the second so
+/// the two daemons' pod IPs differ.
+async fn clique_nodes(env: &mut Env, nodes: [&str; 2], cd_plugin_args: &[&str]) -> Result<()> {
+    apply_crds(env).await?;
+    for node in nodes {
         env.add_node(node, &["--profile", "gb200:4"]).await?;
-        env.add_plugin(node, CD_DRIVER, &[]).await?;
+        env.add_plugin(node, CD_DRIVER, cd_plugin_args).await?;
         let label = json!({ "metadata": { "labels": { "nvidia.com/gpu.clique": CLIQUE } } });
         Api::<Node>::all(env.client.clone())
             .patch(node, &PatchParams::default(), &Patch::Merge(&label))
@@ -108,27 +110,17 @@ async fn cq1_cliques_and_dns_names_through_the_kubelet() -> Result<()> {
     }
     // Each node's fake runtime numbers pod IPs from the same start: a pod on the second node first
     // makes the two daemons' IPs differ.
-    env.create_pod(&env.pod_manifest("cq1-filler", Some(NODES[1]), &[], None)?)
+    let filler = format!("{}-filler", nodes[1]);
+    env.create_pod(&env.pod_manifest(&filler, Some(nodes[1]), &[], None)?)
         .await?;
-    env.wait_running("cq1-filler").await?;
-    // NVIDIA's defaults: both gates on.
-    let mut controller = start_controller_with(&env, "computedomain", &[("FEATURE_GATES", "")])?;
-    let daemonsets = WorkloadControllers::start_only(
-        &env.kubeconfig,
-        &env.work.join("cq1-daemonset-controller.log"),
-        "daemonset-controller",
-    )?;
-    let outcome = scenario(&env).await;
-    drop(daemonsets);
-    let _ = controller.kill().await;
-    outcome?;
-    env.check_violations()?;
-    env.teardown().await
+    env.wait_running(&filler).await?;
+    Ok(())
 }
 
-async fn scenario(env: &Env) -> Result<()> {
+/// The domain `cd1` with `numNodes: 2` and a running workload pod per node taking its channel;
+/// returns the domain's UID.
+async fn domain_with_workloads(env: &Env, nodes: [&str; 2], prefix: &str) -> Result<String> {
     let cds = nvidia_ns_api(env, "ComputeDomain", "computedomains");
-    let cliques = nvidia_ns_api(env, "ComputeDomainClique", "computedomaincliques");
     let cd = json!({
         "apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
         "metadata": { "name": "cd1", "namespace": env.ns },
@@ -149,12 +141,38 @@ async fn scenario(env: &Env) -> Result<()> {
         name: "channel",
         template: "cd1-channel",
     }];
-    for (i, node) in NODES.iter().enumerate() {
-        let name = format!("cq1-work-{i}");
+    for (i, node) in nodes.iter().enumerate() {
+        let name = format!("{prefix}-work-{i}");
         env.create_pod(&env.pod_manifest(&name, Some(node), &channel, None)?)
             .await?;
         env.wait_running(&name).await?;
     }
+    Ok(uid)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cq1_cliques_and_dns_names_through_the_kubelet() -> Result<()> {
+    let mut env = env_or_skip!("cq1_cliques_and_dns_names_through_the_kubelet");
+    clique_nodes(&mut env, NODES, &[]).await?;
+    // NVIDIA's defaults: both gates on.
+    let mut controller = start_controller_with(&env, "computedomain", &[("FEATURE_GATES", "")])?;
+    let daemonsets = WorkloadControllers::start_only(
+        &env.kubeconfig,
+        &env.work.join("cq1-daemonset-controller.log"),
+        "daemonset-controller",
+    )?;
+    let outcome = scenario(&env).await;
+    drop(daemonsets);
+    let _ = controller.kill().await;
+    outcome?;
+    env.check_violations()?;
+    env.teardown().await
+}
+
+async fn scenario(env: &Env) -> Result<()> {
+    let cds = nvidia_ns_api(env, "ComputeDomain", "computedomains");
+    let cliques = nvidia_ns_api(env, "ComputeDomainClique", "computedomaincliques");
+    let uid = domain_with_workloads(env, NODES, "cq1").await?;
 
     // The daemons come up on both nodes; the clique lists both, Ready, with their pod IPs.
     let clique_name = format!("{uid}.{CLIQUE}");
@@ -295,6 +313,21 @@ async fn scenario(env: &Env) -> Result<()> {
 /// The daemon claim's CDI spec mounts the domain directory at `/imexd` and its hosts file over
 /// `/etc/hosts`.
 fn ensure_hosts_mount(env: &Env, node: &str, dir: &std::path::Path) -> Result<()> {
+    let mounts = cdi_mounts(env, node)?;
+    let want_hosts = (
+        dir.join("hosts").display().to_string(),
+        "/etc/hosts".to_string(),
+    );
+    let want_dir = (dir.display().to_string(), "/imexd".to_string());
+    ensure!(
+        mounts.contains(&want_hosts) && mounts.contains(&want_dir),
+        "{node}: CDI mounts {mounts:?}"
+    );
+    Ok(())
+}
+
+/// Every mount of the node's CDI specs, `(hostPath, containerPath)`.
+fn cdi_mounts(env: &Env, node: &str) -> Result<Vec<(String, String)>> {
     let cdi = &env.node(node).dirs.cdi;
     let mut mounts: Vec<(String, String)> = Vec::new();
     for f in e2e::cdi::spec_files(cdi)? {
@@ -312,14 +345,104 @@ fn ensure_hosts_mount(env: &Env, node: &str, dir: &std::path::Path) -> Result<()
             }
         }
     }
-    let want_hosts = (
-        dir.join("hosts").display().to_string(),
-        "/etc/hosts".to_string(),
-    );
-    let want_dir = (dir.display().to_string(), "/imexd".to_string());
+    Ok(mounts)
+}
+
+const IP_NODES: [&str; 2] = ["cq2-a", "cq2-b"];
+const GATES_OFF: &str = "ComputeDomainCliques=false,IMEXDaemonsWithDNSNames=false";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cq2_ip_nodes_config_without_dns_names_through_the_kubelet() -> Result<()> {
+    let mut env = env_or_skip!("cq2_ip_nodes_config_without_dns_names_through_the_kubelet");
+    clique_nodes(&mut env, IP_NODES, &["--feature-gates", GATES_OFF]).await?;
+    let mut controller =
+        start_controller_with(&env, "computedomain", &[("FEATURE_GATES", GATES_OFF)])?;
+    let daemonsets = WorkloadControllers::start_only(
+        &env.kubeconfig,
+        &env.work.join("cq2-daemonset-controller.log"),
+        "daemonset-controller",
+    )?;
+    let outcome = ip_scenario(&env).await;
+    drop(daemonsets);
+    let _ = controller.kill().await;
+    outcome?;
+    env.check_violations()?;
+    env.teardown().await
+}
+
+async fn ip_scenario(env: &Env) -> Result<()> {
+    let cds = nvidia_ns_api(env, "ComputeDomain", "computedomains");
+    let uid = domain_with_workloads(env, IP_NODES, "cq2").await?;
+
+    // Both daemons in the status with their pod IPs and, from the node label, their clique.
+    let ips = wait_until("both daemons in the domain status", WAIT, || async {
+        let ips = daemon_ips(env, &uid).await?;
+        let nodes = cds.get("cd1").await?.data["status"]["nodes"].clone();
+        let listed = nodes.as_array().into_iter().flatten().all(|n| {
+            n["cliqueID"] == CLIQUE
+                && n["name"]
+                    .as_str()
+                    .and_then(|name| ips.get(name))
+                    .is_some_and(|ip| n["ipAddress"] == ip.as_str())
+        });
+        let complete = ips.len() == 2 && nodes.as_array().is_some_and(|n| n.len() == 2);
+        Ok((complete && listed).then_some(ips))
+    })
+    .await?;
+    let mut sorted: Vec<&String> = ips.values().collect();
+    sorted.sort();
+    sorted.dedup();
+    ensure!(sorted.len() == 2, "daemon pod IPs {ips:?}");
+    let both: String = sorted.iter().map(|ip| format!("{ip}\n")).collect();
+
+    for node in IP_NODES {
+        let dir = domain_dir(env, node, &uid)?;
+        wait_until(
+            &format!("{node}: nodes.cfg lists both daemon IPs"),
+            WAIT,
+            || async {
+                let text = std::fs::read_to_string(dir.join("nodes.cfg")).unwrap_or_default();
+                Ok((text == both).then_some(()))
+            },
+        )
+        .await?;
+        let cfg = std::fs::read_to_string(dir.join("imexd.cfg"))?;
+        ensure!(
+            cfg.contains("IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg"),
+            "{node} imexd.cfg: {cfg}"
+        );
+        ensure!(!dir.join("hosts").exists(), "{node}: a hosts file");
+        let mounts = cdi_mounts(env, node)?;
+        ensure!(
+            mounts.contains(&(dir.display().to_string(), "/imexd".to_string()))
+                && !mounts.iter().any(|m| m.1 == "/etc/hosts"),
+            "{node}: CDI mounts {mounts:?}"
+        );
+    }
+    println!("cq2: nodes.cfg {both:?}");
+
+    // The second node leaves: the status lists one of two nodes, and, as NVIDIA's daemon waits for
+    // numNodes, the first node's list stays as it was.
+    env.delete_pod("cq2-work-1").await?;
+    env.wait_pod_gone("cq2-work-1").await?;
+    wait_until("the status without the second node", WAIT, || async {
+        let nodes = cds.get("cd1").await?.data["status"]["nodes"].clone();
+        Ok(nodes.as_array().is_some_and(|n| n.len() == 1).then_some(()))
+    })
+    .await?;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let kept = std::fs::read_to_string(domain_dir(env, IP_NODES[0], &uid)?.join("nodes.cfg"))?;
     ensure!(
-        mounts.contains(&want_hosts) && mounts.contains(&want_dir),
-        "{node}: CDI mounts {mounts:?}"
+        kept == both,
+        "the first node's nodes.cfg changed to {kept:?}"
     );
+
+    cds.delete("cd1", &DeleteParams::default()).await?;
+    wait_until("the ComputeDomain gone", WAIT, || async {
+        Ok(cds.get_opt("cd1").await?.is_none().then_some(()))
+    })
+    .await?;
+    env.delete_pod("cq2-work-0").await?;
+    env.wait_pod_gone("cq2-work-0").await?;
     Ok(())
 }

@@ -3,16 +3,13 @@
 //! `/etc/hosts`, maps the names of this node's clique to the daemon pod IPs. The controller keeps
 //! those in the domain's ComputeDomainClique objects; while a daemon claim is prepared here, the
 //! plugin follows them and rewrites the hosts file whenever the mapping changes.
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
 
 use futures::StreamExt;
 use gpu_dra_api::cdclique::{ComputeDomainClique, hosts_lines};
 use gpu_dra_api::names::COMPUTE_DOMAIN_NODE_LABEL;
 use kube::Api;
 use kube::runtime::{WatchStreamExt, reflector, watcher};
-use tokio::task::AbortHandle;
 use tracing::{info, warn};
 
 /// What the hosts file holds besides the daemon names, since it replaces the container's own.
@@ -30,48 +27,6 @@ pub fn write_hosts(path: &Path, mapping: &str) -> std::io::Result<()> {
     std::fs::write(path, hosts_file(mapping))
 }
 
-/// Starts and stops the per-domain followers.
-pub trait CliqueHosts: Send + Sync + 'static {
-    /// Follows domain `uid`'s cliques in `namespace` into `path` (no-op when already followed).
-    fn follow(&self, uid: &str, namespace: &str, path: PathBuf);
-    fn stop(&self, uid: &str);
-}
-
-/// Follows cliques through a watch (label `resource.nvidia.com/computeDomain=<uid>`).
-pub struct KubeCliqueHosts {
-    pub client: kube::Client,
-    pub node: String,
-    tasks: Mutex<HashMap<String, AbortHandle>>,
-}
-
-impl KubeCliqueHosts {
-    pub fn new(client: kube::Client, node: String) -> Self {
-        KubeCliqueHosts {
-            client,
-            node,
-            tasks: Mutex::new(HashMap::new()),
-        }
-    }
-}
-
-impl CliqueHosts for KubeCliqueHosts {
-    fn follow(&self, uid: &str, namespace: &str, path: PathBuf) {
-        let mut tasks = self.tasks.lock().expect("hosts tasks lock");
-        if tasks.get(uid).is_some_and(|t| !t.is_finished()) {
-            return;
-        }
-        let api: Api<ComputeDomainClique> = Api::namespaced(self.client.clone(), namespace);
-        let task = tokio::spawn(run(api, uid.to_string(), self.node.clone(), path));
-        tasks.insert(uid.to_string(), task.abort_handle());
-    }
-
-    fn stop(&self, uid: &str) {
-        if let Some(t) = self.tasks.lock().expect("hosts tasks lock").remove(uid) {
-            t.abort();
-        }
-    }
-}
-
 /// The mapping of the clique that lists `node`; empty while none does.
 pub fn mapping_for(cliques: &[std::sync::Arc<ComputeDomainClique>], node: &str) -> String {
     cliques
@@ -81,7 +36,14 @@ pub fn mapping_for(cliques: &[std::sync::Arc<ComputeDomainClique>], node: &str) 
         .unwrap_or_default()
 }
 
-async fn run(api: Api<ComputeDomainClique>, uid: String, node: String, path: PathBuf) {
+/// Follows domain `uid`'s cliques (label `resource.nvidia.com/computeDomain=<uid>`) into the hosts
+/// file at `path` until aborted.
+pub async fn follow_cliques(
+    api: Api<ComputeDomainClique>,
+    uid: String,
+    node: String,
+    path: PathBuf,
+) {
     let config = watcher::Config::default().labels(&format!("{COMPUTE_DOMAIN_NODE_LABEL}={uid}"));
     let (reader, writer) = reflector::store();
     let events = watcher(api, config).default_backoff().reflect(writer);

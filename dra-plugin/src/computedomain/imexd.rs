@@ -1,7 +1,10 @@
 //! `dra-plugin imex-daemon`: what runs in a ComputeDomain's daemon pod, in the place of NVIDIA's
 //! `compute-domain-daemon`. `run` keeps `nvidia-imex` running in the foreground on the config the
 //! plugin wrote, restarts it when it dies, and sends it SIGUSR1 when the mounted hosts file changes
-//! (NVIDIA's daemon re-resolves its peers' DNS names on that signal); `check` is the pod's probe:
+//! (NVIDIA's daemon re-resolves its peers' DNS names on that signal). With
+//! `IMEXDaemonsWithDNSNames` off, the nodes config lists peer IPs instead: `run` starts the daemon
+//! once the plugin has written that list and restarts it on a new one, as NVIDIA's daemon does.
+//! `check` is the pod's probe:
 //! `nvidia-imex-ctl -q` must answer `READY`. On a node without an NVLink clique (`CLIQUE_ID` set
 //! empty by the plugin) there is no IMEX domain to join: both do nothing, as NVIDIA's.
 use std::path::{Path, PathBuf};
@@ -28,13 +31,15 @@ const SETTINGS: &str = "LOG_LEVEL=4\nLOG_FILE_NAME=\n\
 
 const BIND_KEY: &str = "IMEX_CMD_BIND_INTERFACE_IP=";
 
+/// Where the daemon container finds its nodes config (the plugin's domain directory is mounted at
+/// `/imexd`).
+pub const NODES_CONFIG: &str = "/imexd/nodes.cfg";
+
 /// The daemon's `imexd.cfg` as the plugin writes it: the command service's address is left empty
 /// for `run` to fill with the pod IP, which only the pod knows.
-pub fn daemon_config(nodes_config: Option<&str>) -> String {
+pub fn daemon_config() -> String {
     let mut cfg = String::from(SETTINGS);
-    if let Some(path) = nodes_config {
-        cfg.push_str(&format!("IMEX_NODE_CONFIG_FILE={path}\n"));
-    }
+    cfg.push_str(&format!("IMEX_NODE_CONFIG_FILE={NODES_CONFIG}\n"));
     cfg.push_str(BIND_KEY);
     cfg.push('\n');
     cfg
@@ -67,6 +72,10 @@ pub struct ImexDaemonArgs {
     /// The hosts file the plugin keeps (DNS-name mode); a change is signalled to the daemon.
     #[arg(long, default_value = "/etc/hosts")]
     pub hosts_file: PathBuf,
+    /// The nodes config the plugin writes; the daemon starts once it lists a node and restarts
+    /// when it changes (an IP list, with `IMEXDaemonsWithDNSNames` off).
+    #[arg(long, default_value = NODES_CONFIG)]
+    pub nodes_config: PathBuf,
     /// The IMEX daemon binary, looked up in PATH.
     #[arg(long, env = "IMEX_BINARY", default_value = "nvidia-imex")]
     pub imex_binary: String,
@@ -79,7 +88,7 @@ pub struct ImexDaemonArgs {
     /// The node's NVLink clique, from the plugin's CDI spec; empty: no IMEX daemon on this node.
     #[arg(long, env = "CLIQUE_ID")]
     pub clique_id: Option<String>,
-    /// How often `run` reads the hosts file.
+    /// How often `run` reads the hosts file and the nodes config.
     #[arg(long, default_value_t = 1000, hide = true)]
     pub poll_ms: u64,
     /// How long `run` waits for the daemon after SIGTERM before killing it.
@@ -212,17 +221,17 @@ fn spawn(args: &ImexDaemonArgs) -> Result<Child> {
     Ok(child)
 }
 
-fn read_hosts(path: &Path) -> Option<Vec<u8>> {
+fn read_file(path: &Path) -> Option<Vec<u8>> {
     std::fs::read(path).ok()
 }
 
-/// The hosts file once two reads 100 ms apart agree: the plugin rewrites it in place, so a read
-/// can see it half written.
-async fn settled_hosts(path: &Path) -> Option<Vec<u8>> {
-    let mut last = read_hosts(path);
+/// A file once two reads 100 ms apart agree: the plugin rewrites the hosts file in place, so a
+/// read can see it half written.
+async fn settled(path: &Path) -> Option<Vec<u8>> {
+    let mut last = read_file(path);
     for _ in 0..20 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let now = read_hosts(path);
+        let now = read_file(path);
         if now == last {
             return now;
         }
@@ -250,16 +259,40 @@ fn next_delay(previous: Duration, ran_for: Duration) -> Duration {
     }
 }
 
+/// Whether a nodes config lists a node: until the plugin has written the IP list, there is no
+/// domain to join yet.
+fn lists_nodes(nodes: Option<&[u8]>) -> bool {
+    nodes.is_some_and(|n| n.iter().any(|b| !b.is_ascii_whitespace()))
+}
+
+/// The daemon once the nodes config lists a node, else none.
+fn start_if_listed(args: &ImexDaemonArgs, nodes: Option<&[u8]>) -> Result<Option<Child>> {
+    if lists_nodes(nodes) {
+        return spawn(args).map(Some);
+    }
+    info!(nodes_config = %args.nodes_config.display(), "waiting for the nodes config: written once the domain lists all its nodes");
+    Ok(None)
+}
+
+/// Resolves when the daemon exits; never without one.
+async fn exited(child: &mut Option<Child>) -> std::io::Result<std::process::ExitStatus> {
+    match child {
+        Some(c) => c.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
 async fn run(args: &ImexDaemonArgs) -> Result<()> {
     let mut stop_signal = StopSignals::install()?;
     let mut poll = tokio::time::interval(Duration::from_millis(args.poll_ms.max(10)));
-    let mut child = spawn(args)?;
+    let mut nodes = read_file(&args.nodes_config);
+    let mut child = start_if_listed(args, nodes.as_deref())?;
     let mut started = Instant::now();
-    let mut hosts = read_hosts(&args.hosts_file);
+    let mut hosts = read_file(&args.hosts_file);
     let mut delay = Duration::ZERO;
     loop {
         tokio::select! {
-            status = child.wait() => {
+            status = exited(&mut child) => {
                 let status = status.context("waiting for the IMEX daemon")?;
                 delay = next_delay(delay, started.elapsed());
                 warn!(%status, restart_in = ?delay, "the IMEX daemon exited");
@@ -267,19 +300,38 @@ async fn run(args: &ImexDaemonArgs) -> Result<()> {
                     _ = tokio::time::sleep(delay) => {}
                     _ = stop_signal.recv() => return Ok(()),
                 }
-                child = spawn(args)?;
+                child = start_if_listed(args, nodes.as_deref())?;
                 started = Instant::now();
-                hosts = read_hosts(&args.hosts_file);
+                hosts = read_file(&args.hosts_file);
             }
             _ = poll.tick() => {
-                if read_hosts(&args.hosts_file) == hosts {
+                if read_file(&args.nodes_config) != nodes {
+                    // A new peer list (IP mode): NVIDIA's daemon restarts IMEX on it.
+                    nodes = settled(&args.nodes_config).await;
+                    info!(nodes_config = %args.nodes_config.display(), "nodes config changed: restarting the IMEX daemon");
+                    if let Some(c) = child.take() {
+                        stop(c, args).await?;
+                    }
+                    child = start_if_listed(args, nodes.as_deref())?;
+                    started = Instant::now();
+                    hosts = read_file(&args.hosts_file);
                     continue;
                 }
-                hosts = settled_hosts(&args.hosts_file).await;
-                info!(file = %args.hosts_file.display(), "hosts changed: SIGUSR1 to the IMEX daemon");
-                send(&child, libc::SIGUSR1);
+                if read_file(&args.hosts_file) == hosts {
+                    continue;
+                }
+                hosts = settled(&args.hosts_file).await;
+                if let Some(c) = &child {
+                    info!(file = %args.hosts_file.display(), "hosts changed: SIGUSR1 to the IMEX daemon");
+                    send(c, libc::SIGUSR1);
+                }
             }
-            _ = stop_signal.recv() => return stop(child, args).await,
+            _ = stop_signal.recv() => {
+                return match child {
+                    Some(c) => stop(c, args).await,
+                    None => Ok(()),
+                };
+            }
         }
     }
 }
@@ -304,7 +356,7 @@ mod tests {
 
     #[test]
     fn the_bind_address_is_filled_in_once() {
-        let cfg = daemon_config(Some("/imexd/nodes.cfg"));
+        let cfg = daemon_config();
         assert!(cfg.contains("DAEMONIZE=0\n") && cfg.contains("IMEX_CMD_PORT=50005\n"));
         assert!(cfg.contains("IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg\n"));
         let bound = with_bind_ip(&cfg, "10.0.0.7");
@@ -316,7 +368,6 @@ mod tests {
             added,
             "SERVER_PORT=50000\nIMEX_CMD_BIND_INTERFACE_IP=10.0.0.8\n"
         );
-        assert!(!daemon_config(None).contains("IMEX_NODE_CONFIG_FILE"));
     }
 
     #[test]

@@ -192,7 +192,7 @@ async fn a_daemon_claim_gets_its_domain_directory() {
 #[derive(Default)]
 struct FakeFollower(Mutex<Vec<String>>);
 
-impl hosts::CliqueHosts for FakeFollower {
+impl follow::PeerFollower for FakeFollower {
     fn follow(&self, uid: &str, namespace: &str, path: PathBuf) {
         self.0
             .lock()
@@ -204,23 +204,21 @@ impl hosts::CliqueHosts for FakeFollower {
     }
 }
 
+/// A fixture whose daemons find their peers as `peers` says, with a recording follower.
+fn followed_fixture(peers: Peers) -> (Fixture, Arc<FakeFollower>) {
+    let f = fixture();
+    let follower = Arc::new(FakeFollower::default());
+    let state = f.state.with_peers(
+        peers,
+        Some(follower.clone() as Arc<dyn follow::PeerFollower>),
+    );
+    let f = Fixture { state, ..f };
+    (f, follower)
+}
+
 #[tokio::test]
 async fn dns_names_give_the_daemon_a_name_list_and_a_followed_hosts_file() {
-    let Fixture {
-        dir,
-        state,
-        labeler,
-    } = fixture();
-    let follower = Arc::new(FakeFollower::default());
-    let state = state.with_dns_names(DnsNames {
-        max_nodes: 3,
-        hosts: Some(follower.clone() as Arc<dyn hosts::CliqueHosts>),
-    });
-    let f = Fixture {
-        dir,
-        state,
-        labeler,
-    };
+    let (f, follower) = followed_fixture(Peers::DnsNames { max_nodes: 3 });
     f.state
         .prepare(&claim(
             "u1",
@@ -266,6 +264,47 @@ async fn dns_names_give_the_daemon_a_name_list_and_a_followed_hosts_file() {
     );
     f.state.unprepare("u1").await.unwrap();
     assert_eq!(follower.0.lock().unwrap().last().unwrap(), "stop d-9");
+}
+
+/// `IMEXDaemonsWithDNSNames` off: the nodes config starts empty (the daemon waits), the follower
+/// keeps it, and a re-prepare after a restart keeps the list it has.
+#[tokio::test]
+async fn without_dns_names_the_follower_keeps_an_ip_list() {
+    let (f, follower) = followed_fixture(Peers::Ips);
+    let daemon = claim(
+        "u1",
+        "daemon-0",
+        "ComputeDomainDaemonConfig",
+        json!({"domainID": "d-9"}),
+    );
+    f.state.prepare(&daemon).await.unwrap();
+    let dir = f.dir.path().join("plugin/domains/d-9");
+    let nodes = dir.join("nodes.cfg");
+    let mounts: Vec<String> = spec(&f, "u1").devices[0]
+        .container_edits
+        .mounts
+        .iter()
+        .map(|m| m.container_path.clone())
+        .collect();
+    assert_eq!(mounts, ["/imexd"], "no hosts file without DNS names");
+    let cfg = std::fs::read_to_string(dir.join("imexd.cfg")).unwrap();
+    assert!(
+        cfg.contains("IMEX_NODE_CONFIG_FILE=/imexd/nodes.cfg"),
+        "{cfg}"
+    );
+    assert_eq!(std::fs::read_to_string(&nodes).unwrap(), "");
+    assert_eq!(
+        *follower.0.lock().unwrap(),
+        [format!("follow d-9 ns {}", nodes.display())]
+    );
+
+    std::fs::write(&nodes, "10.0.0.1\n10.0.0.2\n").unwrap();
+    f.state.unprepare("u1").await.unwrap();
+    f.state.prepare(&daemon).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(&nodes).unwrap(),
+        "10.0.0.1\n10.0.0.2\n"
+    );
 }
 
 #[test]
