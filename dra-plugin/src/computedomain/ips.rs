@@ -15,7 +15,8 @@ use tracing::{info, warn};
 
 /// The nodes config for `node` from a ComputeDomain (as JSON): one IP per line, sorted, of the
 /// status nodes in `node`'s clique. None while the status lists fewer or more nodes than
-/// `spec.numNodes`, or does not list `node`.
+/// `spec.numNodes`, does not list `node`, or lists a node of its clique without an IP yet (a list
+/// without it would only restart the daemon again).
 pub fn ip_nodes_config(domain: &Value, node: &str) -> Option<String> {
     let want = domain["spec"]["numNodes"].as_u64()?;
     let nodes = domain["status"]["nodes"].as_array()?;
@@ -24,12 +25,12 @@ pub fn ip_nodes_config(domain: &Value, node: &str) -> Option<String> {
     }
     let clique = |n: &Value| n["cliqueID"].as_str().unwrap_or_default().to_string();
     let mine = clique(nodes.iter().find(|n| n["name"] == node)?);
-    let ips: BTreeSet<&str> = nodes
+    let ips: Option<BTreeSet<&str>> = nodes
         .iter()
         .filter(|n| clique(n) == mine)
-        .filter_map(|n| n["ipAddress"].as_str().filter(|ip| !ip.is_empty()))
+        .map(|n| n["ipAddress"].as_str().filter(|ip| !ip.is_empty()))
         .collect();
-    Some(ips.into_iter().map(|ip| format!("{ip}\n")).collect())
+    Some(ips?.into_iter().map(|ip| format!("{ip}\n")).collect())
 }
 
 /// Follows ComputeDomain `uid` into the nodes config at `path` until aborted. The daemon claim
@@ -95,12 +96,18 @@ mod tests {
         let mixed = [
             ("a", "10.0.0.1", "c.1"),
             ("b", "10.0.0.2", "c.2"),
-            ("c", "", "c.1"),
+            ("c", "10.0.0.3", "c.1"),
         ];
         assert_eq!(
             ip_nodes_config(&domain(3, &mixed), "a").as_deref(),
-            Some("10.0.0.1\n"),
-            "other cliques and daemons without an IP left out"
+            Some("10.0.0.1\n10.0.0.3\n"),
+            "other cliques left out"
+        );
+        let no_ip = [("a", "10.0.0.1", "c.1"), ("b", "", "c.1"), ("c", "", "c.2")];
+        assert_eq!(
+            ip_nodes_config(&domain(3, &no_ip), "a"),
+            None,
+            "b has no IP yet"
         );
         assert_eq!(ip_nodes_config(&domain(2, &two), "z"), None, "not ours");
         assert_eq!(
