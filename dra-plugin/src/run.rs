@@ -405,7 +405,7 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
         }) as Arc<dyn NodeLabeler>
     });
     use crate::computedomain::Peers;
-    use crate::computedomain::follow::{KubeFollower, PeerFile, PeerFollower};
+    use crate::computedomain::follow::{KubeFollower, PeerFollower};
     let mut state = ComputeDomainState::new(
         checkpoint,
         args.cdi_root.clone(),
@@ -413,15 +413,15 @@ async fn run_compute_domain(args: RunArgs, shutdown: watch::Receiver<bool>) -> a
         CHANNELS_DIR.into(),
         labeler,
     );
-    let (peers, file) =
-        if FeatureGates::parse(&dev.feature_gates)?.enabled("IMEXDaemonsWithDNSNames") {
-            let max_nodes = args.max_nodes_per_imex_domain;
-            (Peers::DnsNames { max_nodes }, PeerFile::Hosts)
-        } else {
-            (Peers::Ips, PeerFile::IpList)
-        };
+    let peers = if FeatureGates::parse(&dev.feature_gates)?.enabled("IMEXDaemonsWithDNSNames") {
+        Peers::DnsNames {
+            max_nodes: args.max_nodes_per_imex_domain,
+        }
+    } else {
+        Peers::Ips
+    };
     let follower = client.clone().map(|c| {
-        Arc::new(KubeFollower::new(c, dev.node_name.clone(), file)) as Arc<dyn PeerFollower>
+        Arc::new(KubeFollower::new(c, dev.node_name.clone(), peers)) as Arc<dyn PeerFollower>
     });
     state = state.with_peers(peers, follower);
     state.resume_followers();

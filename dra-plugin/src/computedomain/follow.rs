@@ -9,7 +9,7 @@ use gpu_dra_api::cdclique::ComputeDomainClique;
 use kube::Api;
 use tokio::task::AbortHandle;
 
-use super::{hosts, ips};
+use super::{Peers, hosts, ips};
 
 /// Starts and stops the per-domain followers.
 pub trait PeerFollower: Send + Sync + 'static {
@@ -19,28 +19,21 @@ pub trait PeerFollower: Send + Sync + 'static {
     fn stop(&self, uid: &str);
 }
 
-/// Which file a follower keeps.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum PeerFile {
-    /// The hosts file, from the domain's ComputeDomainCliques.
-    Hosts,
-    /// The nodes config's IP list, from the ComputeDomain's status.
-    IpList,
-}
-
+/// Follows the domain's ComputeDomainCliques into the hosts file with DNS names, the
+/// ComputeDomain's status into the nodes config's IP list without.
 pub struct KubeFollower {
     client: kube::Client,
     node: String,
-    file: PeerFile,
+    peers: Peers,
     tasks: Mutex<HashMap<String, AbortHandle>>,
 }
 
 impl KubeFollower {
-    pub fn new(client: kube::Client, node: String, file: PeerFile) -> Self {
+    pub fn new(client: kube::Client, node: String, peers: Peers) -> Self {
         KubeFollower {
             client,
             node,
-            file,
+            peers,
             tasks: Mutex::new(HashMap::new()),
         }
     }
@@ -53,12 +46,12 @@ impl PeerFollower for KubeFollower {
             return;
         }
         let (uid, node) = (uid.to_string(), self.node.clone());
-        let task = match self.file {
-            PeerFile::Hosts => {
+        let task = match self.peers {
+            Peers::DnsNames { .. } => {
                 let api: Api<ComputeDomainClique> = Api::namespaced(self.client.clone(), namespace);
                 tokio::spawn(hosts::follow_cliques(api, uid.clone(), node, path))
             }
-            PeerFile::IpList => tokio::spawn(ips::follow_domain(
+            Peers::Ips => tokio::spawn(ips::follow_domain(
                 self.client.clone(),
                 uid.clone(),
                 node,
